@@ -1,0 +1,36 @@
+"""What a backend provides to the engine."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..engine import Device, Planner
+    from ..plan import Ref
+    from ..runner import Runner
+    from ..spec import CacheSpec
+
+
+class Backend:
+    name = "?"
+    programs: tuple[str, ...] = ()      # must be installed
+    kernel_features: tuple[str, ...] = ()  # checked by `unavailable`
+
+    def unavailable(self) -> str | None:
+        """Why this host cannot use the backend (None: it can)."""
+        return None
+
+    def owns(self, entry: dict | None, dev: "Device") -> bool:
+        """True when the signatures on `dev` are the ones this cache put there."""
+        raise NotImplementedError
+
+    def build(self, p: "Planner", spec: "CacheSpec", entry: dict | None,
+              devs: dict[str, "Device"]) -> "str | Ref":
+        """Queue the steps that make the cached block device; return its node."""
+        raise NotImplementedError
+
+    def stats(self, entry: dict, runner: "Runner") -> dict:
+        return {}
+
+    def dismantle(self, p: "Planner", entry: dict) -> None:
+        """Queue the steps that take the cache apart once its filesystem is unmounted."""

@@ -1,0 +1,17 @@
+"""Backend `dm-cache` (built in issue 3; for now it only reports availability)."""
+
+from __future__ import annotations
+
+from .base import Backend
+
+
+class DmCache(Backend):
+    name = "dm-cache"
+    programs = ("dmsetup", "cache_metadata_size", "mkfs.xfs")
+
+    def unavailable(self):
+        from ..discover import kernel_has
+
+        if not kernel_has("device-mapper"):
+            return "the kernel has no device-mapper (`dmsetup version` cannot reach it)"
+        return "not implemented yet"

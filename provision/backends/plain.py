@@ -1,0 +1,17 @@
+"""Backend `none`: XFS straight on the SSD, no block cache."""
+
+from __future__ import annotations
+
+from .base import Backend
+
+
+class Plain(Backend):
+    name = "none"
+    programs = ("mkfs.xfs", "mount", "umount", "wipefs", "blkid")
+
+    def owns(self, entry, dev):
+        recorded = (entry or {}).get("filesystem", {}).get("uuid")
+        return bool(recorded) and dev.fs.get("UUID") == recorded
+
+    def build(self, p, spec, entry, devs):
+        return devs["origin"].node

@@ -1,0 +1,294 @@
+"""The `hotcache` command. Parsing and presentation only: the work is in the modules it
+calls, imported inside each command so that `hotcache --help` starts fast."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from typer.exceptions import TyperException
+
+from .errors import ExitCode, HotcacheError, NotRoot, RefusedError
+
+app = typer.Typer(
+    help="SSD caches in front of HDD arrays, verified hot copies of datasets, and the "
+         "numbers that tell whether training waits for data.\n\n"
+         "Typical flow: `hotcache devices` to see the disks, write a host spec (see "
+         "examples/), `hotcache plan SPEC`, `hotcache apply SPEC`, `hotcache status`.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+JsonOpt = typer.Option(False, "--json", help="Print a JSON document instead of text.")
+StateOpt = typer.Option(None, "--state", envvar="HOTCACHE_STATE", show_envvar=True,
+                        help="Mapping file [default: /etc/hotcache/mappings.yaml].")
+FstabOpt = typer.Option(None, "--fstab", envvar="HOTCACHE_FSTAB", show_envvar=True,
+                        help="fstab file that persistent mounts go to [default: /etc/fstab].")
+YesOpt = typer.Option(False, "--yes", "-y", help="Do it without asking for confirmation.")
+
+
+def emit(doc) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def console():
+    from rich.console import Console
+    return Console(highlight=False)
+
+
+def need_root(command: str) -> None:
+    if os.geteuid() != 0:
+        raise NotRoot(command)
+
+
+def make_env(state: Optional[Path], fstab_file: Optional[Path], dry_run: bool = False):
+    from .engine import Env
+    from .fstab import fstab_path
+    from .mapping import state_path
+    from .runner import Runner
+
+    return Env(Runner(dry_run=dry_run), state_path(state and str(state)),
+               fstab_path(fstab_file and str(fstab_file)))
+
+
+def confirm(what: str, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise RefusedError(f"{what}: confirmation needed and there is no terminal to ask on",
+                           hint="read `hotcache plan` and pass --yes")
+    if not typer.confirm(f"{what}?", default=False):
+        raise RefusedError(f"{what}: not confirmed; nothing was changed")
+
+
+def show_plan(plan, title: str) -> None:
+    c = console()
+    for name in plan.unchanged:
+        c.print(f"[green]{name}[/]: already as specified, nothing to do")
+    current = None
+    for i, step in enumerate(plan.steps, 1):
+        if step.cache != current:
+            current = step.cache
+            c.print(f"[bold]{current}[/]:")
+        mark = "[red]![/]" if step.destructive else " "
+        c.print(f" {mark}{i:>2}. {step.summary}")
+        if step.argv:
+            c.print(f"       [cyan]{step.shown()}[/]", soft_wrap=True)
+    for note in plan.notes:
+        c.print(f"[yellow]note[/]: {note}")
+    if plan.empty:
+        c.print(f"{title}: no changes")
+
+
+@app.command()
+def devices(
+    as_json: bool = JsonOpt,
+    all_: bool = typer.Option(False, "--all", help="Include loop devices that are not attached."),
+    backends: bool = typer.Option(False, "--backends",
+                                  help="Show which cache backends this host can use."),
+):
+    """List block devices: size, SSD or HDD, model, serial, by-id links, signatures,
+    mountpoints, holders, and whether hotcache may use each one."""
+    from .discover import backend_report, discover
+
+    if backends:
+        rows = backend_report()
+        if as_json:
+            return emit({"backends": rows})
+        c = console()
+        for r in rows:
+            state = "[green]available[/]" if r["available"] else f"[red]unavailable[/]: {r['why']}"
+            c.print(f"{r['backend']:<9} {state}")
+        return
+    rows = discover(include_empty_loops=all_)
+    if as_json:
+        return emit({"devices": rows, "root": os.geteuid() == 0})
+    from rich.table import Table
+
+    table = Table("device", "size", "kind", "model / serial", "by-id", "signatures",
+                  "mounted", "safe")
+    for d in rows:
+        sigs = ",".join(sorted({s.get("type", "?") for s in d["signatures"]})) or "-"
+        table.add_row(d["node"], _size(d["size"]), d["kind"],
+                      " / ".join(x for x in (d["model"], d["serial"]) if x) or "-",
+                      "\n".join(os.path.basename(b) for b in d["by_id"]) or "-", sigs,
+                      ",".join(d["mountpoints"]) or "-",
+                      "yes" if d["safe"] else "no: " + "; ".join(d["problems"]))
+    c = console()
+    c.print(table)
+    if os.geteuid() != 0:
+        c.print("[yellow]note[/]: not root, so on-disk signatures could not be read")
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@app.command()
+def plan(
+    spec: Path = typer.Argument(..., help="Host spec (YAML)."),
+    as_json: bool = JsonOpt, state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
+):
+    """Show what `apply` would do: each step with the exact command it runs. Changes nothing."""
+    from .engine import plan_apply
+    from .spec import load_spec
+
+    host = load_spec(spec)
+    need_root("plan")
+    result = plan_apply(host, make_env(state, fstab, dry_run=True))
+    if as_json:
+        return emit(result.to_json())
+    show_plan(result, "plan")
+
+
+@app.command()
+def apply(
+    spec: Path = typer.Argument(..., help="Host spec (YAML)."),
+    yes: bool = YesOpt, as_json: bool = JsonOpt,
+    state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
+):
+    """Make the host match the spec. Idempotent: a second apply changes nothing, and an
+    interrupted apply finishes when run again. Devices with existing signatures are
+    refused unless the spec says `wipe: true` for them."""
+    from .engine import plan_apply
+    from .spec import load_spec
+
+    host = load_spec(spec)
+    need_root("apply")
+    env = make_env(state, fstab)
+    result = plan_apply(host, env)
+    if result.empty:
+        if as_json:
+            return emit({"changed": False, **result.to_json()})
+        return show_plan(result, "apply")
+    if not as_json:
+        show_plan(result, "apply")
+    confirm(f"apply {len(result.steps)} steps", yes)
+    _run_steps(result, env, quiet=as_json)
+    if as_json:
+        return emit({"changed": True, **result.to_json()})
+    console().print(f"[green]done[/]: {len(result.steps)} steps applied; "
+                    "`hotcache status` shows the result")
+
+
+def _run_steps(result, env, quiet: bool) -> None:
+    from .engine import execute
+
+    if quiet or not sys.stderr.isatty():
+        return execute(result, env.runner)
+    from rich.progress import Progress
+
+    from rich.console import Console
+
+    with Progress(transient=True, console=Console(stderr=True)) as bar:
+        task = bar.add_task("applying", total=len(result.steps))
+
+        def tick(i, step):
+            bar.update(task, completed=i, description=step.summary[:60])
+
+        execute(result, env.runner, tick)
+
+
+@app.command()
+def status(
+    name: Optional[str] = typer.Argument(None, help="One cache (default: all)."),
+    as_json: bool = JsonOpt, state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
+):
+    """Compare the mapping with the host: device present, mounted, noatime, filesystem
+    UUID, space used, cache statistics. Exits 5 when anything has drifted."""
+    from .mapping import load, state_path
+    from .runner import Runner
+    from .status import host_status
+
+    path = state_path(state and str(state))
+    if name is not None and name not in load(path)["caches"]:
+        from .errors import UsageError
+
+        raise UsageError(f"no cache named {name!r} in the mapping {path}",
+                         hint="`hotcache status` without a name lists them all")
+    rows = host_status(path, fstab, Runner(), name)
+    drift = any(not r["ok"] for r in rows)
+    if as_json:
+        emit({"state": str(path), "caches": rows, "ok": not drift})
+    else:
+        c = console()
+        if not rows:
+            c.print(f"no caches in {path}; `hotcache apply SPEC` builds one")
+        for r in rows:
+            mark = "[green]ok[/]" if r["ok"] else "[red]DRIFT[/]"
+            c.print(f"[bold]{r['name']}[/] ({r['backend']}, mode {r['mode']}): {mark}")
+            c.print(f"  device {r['cached_device'] or '-'} mounted on {r['mountpoint']}: "
+                    f"{'yes' if r['mounted'] else 'no'}, noatime: "
+                    f"{'yes' if r['noatime'] else 'no'}")
+            if r["size_bytes"]:
+                c.print(f"  used {_size(r['used_bytes'])} of {_size(r['size_bytes'])}, "
+                        f"free {_size(r['free_bytes'])}")
+            for k, v in (r.get("cache") or {}).items():
+                c.print(f"  {k}: {v}")
+            for problem in r["problems"]:
+                c.print(f"  [red]problem[/]: {problem}")
+    if drift:
+        raise typer.Exit(ExitCode.DRIFT)
+
+
+@app.command()
+def teardown(
+    name: str = typer.Argument(..., help="The cache to take down."),
+    yes: bool = YesOpt,
+    wipe: bool = typer.Option(False, "--wipe", help="Also erase signatures on its devices."),
+    as_json: bool = JsonOpt, state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
+):
+    """Unmount, flush dirty cache data, remove the boot entry, dismantle the cache, detach
+    loop devices and forget it in the mapping. The data stays on the origin device."""
+    from .teardown import plan_teardown
+
+    need_root("teardown")
+    env = make_env(state, fstab)
+    result = plan_teardown(name, env, wipe=wipe)
+    if not as_json:
+        show_plan(result, "teardown")
+    confirm(f"take {name} down ({len(result.steps)} steps)", yes)
+    _run_steps(result, env, quiet=as_json)
+    if as_json:
+        return emit({"changed": True, **result.to_json()})
+    console().print(f"[green]done[/]: {name} is down")
+
+
+@app.command()
+def schema():
+    """Print the JSON Schema of the host spec (for editors and CI validation)."""
+    from .spec import json_schema
+
+    emit(json_schema())
+
+
+def main() -> None:
+    try:
+        rc = app(standalone_mode=False)
+    except HotcacheError as err:
+        if "--json" in sys.argv:
+            emit(err.to_json())
+        sys.stderr.write(f"hotcache: {err}\n")
+        sys.exit(err.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("hotcache: aborted\n")
+        sys.exit(ExitCode.REFUSED)
+    except TyperException as exc:  # usage errors: unknown option, missing argument
+        exc.show()
+        sys.exit(ExitCode.BAD_INPUT)
+    except KeyboardInterrupt:
+        sys.stderr.write("hotcache: interrupted; run the same command again to finish\n")
+        sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)

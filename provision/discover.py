@@ -1,0 +1,92 @@
+"""`hotcache devices`: the host's block devices as udev knows them, and which backends
+this kernel and these programs allow."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import blockdev
+from .runner import Runner, which
+
+SKIP_PREFIXES = ("ram", "zram", "sr", "fd")
+
+
+def discover(include_empty_loops: bool = False) -> list[dict]:
+    import pyudev
+
+    runner = Runner()
+    roots = blockdev.root_devices()
+    rows = []
+    for dev in pyudev.Context().list_devices(subsystem="block"):
+        name = dev.sys_name
+        if name.startswith(SKIP_PREFIXES):
+            continue
+        node = dev.device_node
+        if not node or not os.path.exists(node):
+            continue
+        if name.startswith("loop") and not blockdev.loop_backing_file(node) and not include_empty_loops:
+            continue
+        try:
+            rep = blockdev.report(node, runner, roots=roots)
+        except (OSError, ValueError):
+            continue
+        rep.model = dev.properties.get("ID_MODEL") or rep.model
+        rep.serial = dev.properties.get("ID_SERIAL_SHORT") or dev.properties.get("ID_SERIAL") or rep.serial
+        row = rep.to_json()
+        row["type"] = dev.device_type  # disk or partition
+        rows.append(row)
+    return sorted(rows, key=lambda r: r["node"])
+
+
+def kernel_has(feature: str) -> bool:
+    """A kernel feature is usable when it is built in or its module can be found."""
+    if feature == "device-mapper":
+        return Path("/dev/mapper/control").exists() and _dm_answers()
+    if feature == "bcache":
+        return Path("/sys/fs/bcache").is_dir()
+    return False
+
+
+def _dm_answers() -> bool:
+    if not which("dmsetup"):
+        return False
+    return Runner().run(["dmsetup", "version"], check=False).returncode == 0
+
+
+def _module_available(module: str) -> bool:
+    release = os.uname().release
+    base = Path("/lib/modules") / release
+    if not base.is_dir():
+        return False
+    builtin = base / "modules.builtin"
+    names = {module, module.replace("-", "_")}
+    if builtin.exists() and any(Path(l).stem.replace(".ko", "") in names
+                                for l in builtin.read_text().split()):
+        return True
+    dep = base / "modules.dep"
+    if not dep.exists():
+        return False
+    for line in dep.read_text().splitlines():
+        stem = Path(line.split(":", 1)[0]).name.split(".ko")[0]
+        if stem in names:
+            return True
+    return False
+
+
+def backend_report() -> list[dict]:
+    from .backends import get
+
+    rows = []
+    for name in ("none", "bcache", "dm-cache", "lvmcache"):
+        backend = get(name)
+        missing = [p for p in backend.programs if which(p) is None]
+        why = backend.unavailable()
+        if missing:
+            from .runner import PACKAGES
+
+            pkgs = sorted({PACKAGES.get(p, p) for p in missing})
+            why = (why + "; " if why else "") + f"missing programs {', '.join(missing)} " \
+                  f"(apt-get install {' '.join(pkgs)})"
+        rows.append({"backend": name, "available": why is None, "why": why})
+    return rows

@@ -1,0 +1,345 @@
+"""spec -> plan -> apply, and teardown: the provisioning engine.
+
+The plan is computed from what is really on the host, so every run converges: a second
+apply of the same spec finds nothing to do, and an apply killed between steps picks up
+where it stopped. The mapping entry is written (state `building`, with the filesystem
+UUID it is about to create) before anything destructive, so a re-run recognises its own
+half-built devices instead of refusing them as foreign.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import blockdev, fstab, mapping
+from .backends import get as get_backend
+from .errors import KernelUnsupported, RefusedError
+from .plan import Plan, Ref, RunContext, Step
+from .runner import Runner, require
+from .spec import MIN_XFS_BYTES, CacheSpec, DeviceRef, HostSpec
+
+FSTYPE = "xfs"
+
+
+@dataclass
+class Env:
+    runner: Runner
+    state: Path
+    fstab: Path
+
+
+@dataclass
+class Device:
+    """A spec device reference, resolved against the host."""
+
+    role: str
+    ref: DeviceRef
+    node: "str | Ref"
+    present: bool                    # the block device exists now
+    size: int
+    report: blockdev.DeviceReport | None = None
+    fs: dict = field(default_factory=dict)      # blkid's TYPE/UUID/LABEL
+    image_signatures: list[dict] = field(default_factory=list)
+
+
+class Planner:
+    """Collects steps for one cache, and the refusals found on the way."""
+
+    def __init__(self, env: Env, cache: str, plan: Plan):
+        self.env, self.cache, self.plan = env, cache, plan
+        self.refusals: list[str] = []
+        self.start = len(plan.steps)
+
+    def run(self, summary: str, argv: list, *, capture: str | None = None,
+            destructive: bool = False) -> None:
+        self.plan.steps.append(Step(self.cache, summary, argv, capture=capture,
+                                    destructive=destructive))
+
+    def do(self, summary: str, action) -> None:
+        self.plan.steps.append(Step(self.cache, summary, action=action))
+
+    def refuse(self, why: str) -> None:
+        self.refusals.append(why)
+
+    @property
+    def changed(self) -> bool:
+        return len(self.plan.steps) > self.start
+
+
+def mount_options(spec: CacheSpec) -> list[str]:
+    return list(dict.fromkeys(["noatime", *spec.filesystem.options]))
+
+
+def fstab_options(spec: CacheSpec) -> list[str]:
+    return [*mount_options(spec), "nofail",
+            f"x-systemd.device-timeout={spec.filesystem.device_timeout}s"]
+
+
+def fs_label(spec: CacheSpec) -> str:
+    return spec.filesystem.label or spec.name[:12]
+
+
+# --- resolving devices ------------------------------------------------------------
+
+def resolve(p: Planner, role: str, ref: DeviceRef, roots: set[str]) -> Device:
+    runner = p.env.runner
+    if ref.loop is None:
+        node = os.path.realpath(ref.path)
+        rep = blockdev.report(node, runner, roots=roots)
+        return Device(role, ref, node, True, rep.size, rep, blockdev.fs_identity(node, runner))
+    image = ref.loop.file
+    node = blockdev.loop_for_file(image)
+    if node:
+        rep = blockdev.report(node, runner, roots=roots)
+        return Device(role, ref, node, True, rep.size, rep, blockdev.fs_identity(node, runner))
+    placeholder = Ref(f"loop:{image}", f"<loop device of {image}>")
+    if os.path.exists(image):
+        size = os.path.getsize(image)
+        sigs = blockdev.signatures(image, runner)
+        fs = blockdev.fs_identity(image, runner)
+    else:
+        size, sigs, fs = ref.loop.bytes, [], {}
+        p.run(f"create sparse image {image} ({ref.loop.size})",
+              ["truncate", "--size", str(ref.loop.bytes), image])
+    p.run(f"attach {image} as a loop device",
+          ["losetup", "--find", "--show", image], capture=placeholder.key)
+    return Device(role, ref, placeholder, False, size, None, fs, sigs)
+
+
+def preflight(p: Planner, backend, spec: CacheSpec, entry: dict | None, dev: Device,
+              min_size: int) -> None:
+    """Refuse what is unsafe; queue a wipe where the spec consented to one."""
+    at = f"{spec.name}.{dev.role} ({dev.ref.label})"
+    if dev.size < min_size:
+        p.refuse(f"{at}: {dev.size / 2**20:.0f} MiB is too small; {spec.backend} needs at "
+                 f"least {min_size / 2**20:.0f} MiB here")
+    if backend.owns(entry, dev):
+        return
+    if dev.report is not None:
+        rep = dev.report
+        hard = [why for why in rep.problems() if not why.startswith("it carries")]
+        if hard:
+            p.refuse(f"{at}: {'; '.join(hard)}. hotcache will not touch it, even with wipe: true")
+            return
+        sigs = rep.signatures
+    else:
+        sigs = dev.image_signatures
+    if not sigs:
+        return
+    kinds = ", ".join(sorted({s.get("type", "?") for s in sigs}))
+    if not dev.ref.wipe:
+        p.refuse(f"{at}: it carries signatures ({kinds}) that hotcache did not create. "
+                 "If its data may be destroyed, add `wipe: true` to that device in the spec")
+        return
+    p.run(f"erase every signature on {dev.ref.label} ({kinds}), as `wipe: true` allows",
+          ["wipefs", "--all", dev.node], destructive=True)
+    dev.fs = {}
+
+
+# --- planning --------------------------------------------------------------------
+
+def plan_apply(spec: HostSpec, env: Env) -> Plan:
+    plan = Plan()
+    state = mapping.load(env.state)
+    refusals: list[str] = []
+    for cache in spec.caches:
+        p = Planner(env, cache.name, plan)
+        entry = state["caches"].get(cache.name)
+        if entry is not None and entry.get("backend") != cache.backend:
+            refusals.append(f"{cache.name}: it was built with backend {entry.get('backend')}; "
+                            f"changing to {cache.backend} needs `hotcache teardown "
+                            f"{cache.name}` first")
+            continue
+        _plan_cache(p, cache, entry)
+        refusals += p.refusals
+        if not p.changed and not p.refusals:
+            plan.unchanged.append(cache.name)
+    for name in state["caches"]:
+        if name not in {c.name for c in spec.caches}:
+            plan.notes.append(f"{name} is in the mapping but not in this spec; it is left as "
+                              f"it is (`hotcache teardown {name}` removes it)")
+    if refusals:
+        raise RefusedError("refusing to apply this spec:\n" + "\n".join(f"  {r}" for r in refusals),
+                           hint="nothing was changed; fix the spec or the devices and retry")
+    return plan
+
+
+def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
+    backend = get_backend(spec.backend)
+    why = backend.unavailable()
+    if why:
+        raise KernelUnsupported(f"{spec.name}: backend {spec.backend} cannot run here: {why}",
+                                hint=f"see `hotcache devices --backends`; backend none works "
+                                     "on any host")
+    for program in backend.programs:
+        require(program)
+    roots = blockdev.root_devices()
+    devs = {role: resolve(p, role, ref, roots) for role, ref in spec.devices().items()}
+    min_size = MIN_XFS_BYTES if spec.backend == "none" else 64 * 2**20
+    for dev in devs.values():
+        preflight(p, backend, spec, entry, dev, min_size)
+    if p.refusals:
+        return
+
+    fs_uuid = (entry or {}).get("filesystem", {}).get("uuid") or str(uuid.uuid4())
+    building = entry is None or entry.get("state") != "ready"
+    if building:
+        p.do(f"record {spec.name} in the mapping as building (filesystem UUID {fs_uuid})",
+             lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, None, "building"))
+
+    target = backend.build(p, spec, entry, devs)
+    target_dev = _target_device(spec, devs, target)
+    if target_dev.fs.get("UUID") != fs_uuid:
+        p.run(f"format {target} as XFS, label {fs_label(spec)}",
+              ["mkfs.xfs", "-L", fs_label(spec), "-m", f"uuid={fs_uuid}", "-s", "size=4096",
+               target], destructive=True)
+
+    mounting = _plan_mount(p, spec, entry, target, target_dev)
+    _plan_persist(p, spec, fs_uuid)
+    _plan_owner(p, spec, mounting)
+    if p.changed or building or _entry_drifted(entry, spec):
+        p.do(f"record {spec.name} in the mapping as ready",
+             lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, target, "ready"))
+
+
+def _target_device(spec: CacheSpec, devs: dict[str, Device], target) -> Device:
+    for dev in devs.values():
+        if dev.node == target:
+            return dev
+    # A backend-made device (bcache, dm): read what is on it if it already exists.
+    if isinstance(target, str) and os.path.exists(target):
+        return Device("cached", spec.origin, target, True, blockdev.size_bytes(target), None,
+                      blockdev.fs_identity(target, Runner()))
+    return Device("cached", spec.origin, target, False, 0)
+
+
+def _plan_mount(p: Planner, spec: CacheSpec, entry, target, target_dev: Device) -> bool:
+    """Queue what it takes to have the filesystem mounted; True if a mount is queued."""
+    mp = os.path.normpath(spec.filesystem.mountpoint)
+    opts = mount_options(spec)
+    old_mp = (entry or {}).get("filesystem", {}).get("mountpoint")
+    if old_mp and old_mp != mp and blockdev.mount_at(old_mp):
+        p.run(f"unmount {old_mp} (the spec moved {spec.name} to {mp})", ["umount", old_mp])
+        p.do(f"remove the old mountpoint entry of {spec.name} from {p.env.fstab}",
+             lambda ctx: fstab.set_entry(p.env.fstab, spec.name, None))
+    current = blockdev.mount_at(mp)
+    if current is not None and isinstance(target, str) and target_dev.present \
+            and current.source_dev == blockdev.devnum(target):
+        missing = [o for o in opts if o not in current.options]
+        if missing:
+            p.run(f"remount {mp} with {','.join(missing)}",
+                  ["mount", "-o", ",".join(["remount", *opts]), mp])
+        return False
+    if current is not None:
+        p.refuse(f"{spec.name}: {mp} already has {current.source} mounted on it; choose "
+                 "another mountpoint or unmount that first")
+        return False
+    if os.path.exists(mp) and not os.path.isdir(mp):
+        p.refuse(f"{spec.name}: mountpoint {mp} exists and is not a folder")
+        return False
+    if os.path.isdir(mp) and any(os.scandir(mp)):
+        p.refuse(f"{spec.name}: mountpoint {mp} is a folder that is not empty; mounting "
+                 "over it would hide its files. Move them or choose another mountpoint")
+        return False
+    if not os.path.isdir(mp):
+        p.run(f"create mountpoint {mp}", ["mkdir", "--parents", mp])
+    p.run(f"mount {spec.name} on {mp} ({','.join(opts)})",
+          ["mount", "-t", FSTYPE, "-o", ",".join(opts), target, mp])
+    return True
+
+
+def _plan_persist(p: Planner, spec: CacheSpec, fs_uuid: str) -> None:
+    path = p.env.fstab
+    line = None
+    if spec.filesystem.persist == "fstab":
+        line = fstab.entry(fs_uuid, os.path.normpath(spec.filesystem.mountpoint), FSTYPE,
+                           fstab_options(spec))
+    if fstab.read_entry(path, spec.name) != line:
+        what = f"write the entry `{line}` to {path}" if line else f"remove the entry from {path}"
+        p.do(f"{what} (tagged {fstab.marker(spec.name)})",
+             lambda ctx: fstab.set_entry(path, spec.name, line))
+
+
+def _plan_owner(p: Planner, spec: CacheSpec, mounting: bool) -> None:
+    fs = spec.filesystem
+    mp = os.path.normpath(fs.mountpoint)
+    st = None if mounting or not os.path.isdir(mp) else os.stat(mp)
+    if fs.owner:
+        uid, gid = _owner_ids(fs.owner)
+        if st is None or st.st_uid != uid or (gid is not None and st.st_gid != gid):
+            p.run(f"give {mp} to {fs.owner}", ["chown", fs.owner, mp])
+    if fs.mode:
+        want = int(fs.mode, 8)
+        if st is None or (st.st_mode & 0o7777) != want:
+            p.run(f"set the mode of {mp} to {fs.mode}", ["chmod", fs.mode, mp])
+
+
+def _owner_ids(owner: str) -> tuple[int, int | None]:
+    user, _, group = owner.partition(":")
+    uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
+    gid = None
+    if group:
+        gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    return uid, gid
+
+
+def _entry_drifted(entry: dict | None, spec: CacheSpec) -> bool:
+    if entry is None:
+        return True
+    return entry.get("spec") != spec.model_dump(mode="json", exclude_none=True)
+
+
+def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
+            fs_uuid: str, target, state: str) -> None:
+    devices = {}
+    for role, dev in devs.items():
+        node = ctx.resolve(dev.node) if isinstance(dev.node, Ref) else dev.node
+        info = {"node": node, "size": dev.size}
+        if dev.ref.path:
+            info["path"] = dev.ref.path
+        if dev.ref.loop:
+            info["loop_file"] = os.path.realpath(dev.ref.loop.file)
+        if not ctx.runner.dry_run and os.path.exists(node):
+            info["size"] = blockdev.size_bytes(node)
+            info["by_id"] = blockdev.by_id_links(node)
+        devices[role] = info
+    cached = None
+    if target is not None:
+        cached = ctx.resolve(target) if isinstance(target, Ref) else target
+    if ctx.runner.dry_run:
+        return
+    with mapping.editing(env.state) as data:
+        old = data["caches"].get(spec.name, {})
+        data["caches"][spec.name] = {
+            "backend": spec.backend,
+            "state": state,
+            "created": old.get("created", mapping.now()),
+            "updated": mapping.now(),
+            "mode": spec.effective_mode,
+            "tunables": dict(spec.tunables),
+            "devices": devices,
+            "cached_device": cached,
+            "filesystem": {
+                "type": FSTYPE, "uuid": fs_uuid, "label": fs_label(spec),
+                "mountpoint": os.path.normpath(spec.filesystem.mountpoint),
+                "options": mount_options(spec),
+                "owner": spec.filesystem.owner, "mode": spec.filesystem.mode,
+            },
+            "persist": {"fstab": str(env.fstab) if spec.filesystem.persist == "fstab" else None},
+            "backend_state": old.get("backend_state", {}),
+            "hot_copies": old.get("hot_copies", {}),
+            "spec": spec.model_dump(mode="json", exclude_none=True),
+        }
+
+
+def execute(plan: Plan, runner: Runner, progress=None) -> None:
+    ctx = RunContext(runner)
+    for i, step in enumerate(plan.steps):
+        if progress:
+            progress(i, step)
+        step.run(ctx)

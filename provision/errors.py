@@ -1,0 +1,116 @@
+"""Every error hotcache reports, and the one table that maps them to exit codes.
+
+Code raises a subclass of HotcacheError with a message that names the input and says what
+to do next; the CLI prints the message and exits with the class's code. Nothing else in
+the code base chooses an exit code.
+"""
+
+from __future__ import annotations
+
+
+class ExitCode:
+    OK = 0
+    FAILED = 1          # a step or check failed for a reason not listed below
+    BAD_INPUT = 2       # the spec, an option or an argument is wrong; nothing was changed
+    REFUSED = 3         # a safety check refused a destructive or unsafe step
+    COMMAND_FAILED = 4  # an external program exited non-zero
+    DRIFT = 5           # status/verify: what is there differs from what should be
+    NOT_ROOT = 6        # the command needs root
+    MISSING_TOOL = 7    # a program or kernel feature this host lacks
+    TIMEOUT = 8         # a bounded wait (flush, device to appear) ran out
+
+
+class HotcacheError(Exception):
+    """Base class: `str(err)` is the message for the user, `exit_code` the status."""
+
+    exit_code = ExitCode.FAILED
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  next: {self.hint}"
+
+    def to_json(self) -> dict:
+        return {
+            "error": type(self).__name__,
+            "message": self.message,
+            "hint": self.hint,
+            "exit_code": self.exit_code,
+        }
+
+
+class SpecError(HotcacheError):
+    """The host spec (or an option) is invalid. `problems` lists 'yaml.path: what' lines."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+    def __init__(self, source: str, problems: list[str], *, hint: str | None = None):
+        self.source = source
+        self.problems = problems
+        lines = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"{source}: invalid host spec\n{lines}", hint=hint)
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "problems": self.problems}
+
+
+class UsageError(HotcacheError):
+    exit_code = ExitCode.BAD_INPUT
+
+
+class RefusedError(HotcacheError):
+    """A safety check said no: unsafe device, busy mount, dirty cache, missing --yes."""
+
+    exit_code = ExitCode.REFUSED
+
+
+class CommandFailed(HotcacheError):
+    exit_code = ExitCode.COMMAND_FAILED
+
+    def __init__(self, argv: list[str], returncode: int, stderr: str):
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stderr = stderr.strip()
+        from shlex import join
+
+        detail = self.stderr.splitlines()[-1] if self.stderr else "(no output)"
+        super().__init__(f"`{join(self.argv)}` exited {returncode}: {detail}")
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "argv": self.argv, "returncode": self.returncode,
+                "stderr": self.stderr}
+
+
+class MissingProgram(HotcacheError):
+    exit_code = ExitCode.MISSING_TOOL
+
+    def __init__(self, program: str, package: str | None):
+        self.program = program
+        self.package = package
+        hint = f"apt-get install {package}" if package else "install it and retry"
+        super().__init__(f"program `{program}` is not installed", hint=hint)
+
+
+class KernelUnsupported(HotcacheError):
+    exit_code = ExitCode.MISSING_TOOL
+
+
+class NotRoot(HotcacheError):
+    exit_code = ExitCode.NOT_ROOT
+
+    def __init__(self, command: str):
+        super().__init__(
+            f"`hotcache {command}` changes block devices and mounts, so it must run as root",
+            hint=f"sudo hotcache {command} ...",
+        )
+
+
+class DriftError(HotcacheError):
+    exit_code = ExitCode.DRIFT
+
+
+class WaitTimeout(HotcacheError):
+    exit_code = ExitCode.TIMEOUT

@@ -1,0 +1,321 @@
+"""The host spec: what the administrator wants to exist, read from YAML and validated.
+
+Two passes. The structural pass (pydantic) checks types, required fields and unknown
+keys; the semantic pass checks the host (devices exist, names and mountpoints unique,
+options that make sense together). Every problem is reported as `yaml.path: what`, all
+at once, so a spec can be fixed in one go. Nothing here touches the host's state.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import pwd
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import SpecError
+
+SPEC_VERSION = 1
+BACKENDS = ("none", "bcache", "dm-cache", "lvmcache")
+MODES = {
+    "none": ("none",),
+    "bcache": ("writethrough", "writeback", "writearound", "none"),
+    "dm-cache": ("writethrough", "writeback", "passthrough"),
+    "lvmcache": ("writethrough", "writeback", "passthrough"),
+}
+DEFAULT_MODE = {"none": "none", "bcache": "writethrough", "dm-cache": "writethrough",
+                "lvmcache": "writethrough"}
+TUNABLES = {
+    "none": {},
+    "bcache": {"sequential_cutoff": int, "writeback_percent": int, "writeback_delay": int,
+               "readahead": int, "congested_read_threshold_us": int,
+               "congested_write_threshold_us": int},
+    "dm-cache": {"block_size": int, "policy": str, "migration_threshold": int},
+    "lvmcache": {"chunk_size": int, "policy": str, "migration_threshold": int},
+}
+# Options that contradict `noatime`, which hotcache always sets (reads must not write).
+ATIME_OPTIONS = {"atime", "strictatime", "relatime", "lazytime"}
+SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/proc",
+               "/root", "/run", "/sbin", "/sys", "/tmp", "/usr", "/var"}
+MIN_XFS_BYTES = 300 * 1024**2  # mkfs.xfs (xfsprogs >= 5.19) refuses smaller filesystems
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_size(value: int | str) -> int:
+    """'2G', '512MiB', '1.5T' or an int of bytes -> bytes (binary multiples)."""
+    if isinstance(value, bool):
+        raise ValueError("size must be a number of bytes or a string like 2G")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("size must be positive")
+        return value
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"size {value!r} is not a size: write it like 512M, 2G or 1T")
+    number, unit = float(m.group(1)), m.group(2).lower()
+    result = int(number * 1024 ** " kmgtp".index(unit or " "))
+    if result <= 0:
+        raise ValueError("size must be positive")
+    return result
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LoopImage(Strict):
+    file: str = Field(description="Image file; created sparse if missing, attached with losetup.")
+    size: int | str = Field(description="Image size when created: bytes or 512M, 2G, 1T.")
+
+    @field_validator("file")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not os.path.isabs(v):
+            raise ValueError(f"loop image file {v!r} must be an absolute path")
+        return v
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v: int | str) -> int | str:
+        parse_size(v)
+        return v
+
+    @property
+    def bytes(self) -> int:
+        return parse_size(self.size)
+
+
+class DeviceRef(Strict):
+    """A block device: a path (/dev/sdb, /dev/md0, /dev/disk/by-id/...) or a loop image."""
+
+    path: str | None = Field(None, description="Device node or /dev/disk/by-id link.")
+    loop: LoopImage | None = Field(None, description="A loop-backed image file (for trials).")
+    wipe: bool = Field(False, description="Consent to erase existing signatures on it.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"path": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "DeviceRef":
+        if (self.path is None) == (self.loop is None):
+            raise ValueError("give exactly one of `path` or `loop`")
+        if self.path is not None and not self.path.startswith("/dev/"):
+            raise ValueError(f"device path {self.path!r} must start with /dev/")
+        return self
+
+    @property
+    def label(self) -> str:
+        return self.path if self.path else f"loop image {self.loop.file}"
+
+
+class Filesystem(Strict):
+    type: Literal["xfs"] = Field("xfs", description="Only XFS: it is what hotcache formats.")
+    label: str | None = Field(None, description="XFS label, at most 12 characters.")
+    mountpoint: str = Field(description="Absolute path where the filesystem is mounted.")
+    options: list[str] = Field(default_factory=list,
+                               description="Extra mount options; noatime is always added.")
+    owner: str | None = Field(None, description="user[:group] that owns the mountpoint.")
+    mode: str | None = Field(None, description="Octal mode of the mountpoint, e.g. '2775'.")
+    persist: Literal["fstab", "none"] = Field(
+        "fstab", description="fstab: an entry by UUID with nofail, so it is mounted at boot.")
+    device_timeout: int = Field(30, ge=1, le=3600,
+                                description="Seconds systemd waits for the device at boot.")
+
+
+class CacheSpec(Strict):
+    name: str = Field(description="Unique name: letters, digits, '-' and '_'.")
+    backend: Literal["none", "bcache", "dm-cache", "lvmcache"] = Field(
+        description="none = XFS straight on the SSD; bcache, dm-cache or lvmcache put the "
+                    "SSD in front of the origin.")
+    origin: DeviceRef = Field(description="The slow device (HDD, md array); for backend "
+                                          "none, the SSD the filesystem goes on.")
+    cache: DeviceRef | None = Field(None, description="The fast device (SSD); absent for none.")
+    mode: str | None = Field(None, description="Cache mode; writethrough by default.")
+    tunables: dict[str, int | str] = Field(default_factory=dict,
+                                           description="Backend tunables, e.g. sequential_cutoff.")
+    filesystem: Filesystem
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", v):
+            raise ValueError(f"name {v!r} must be 1-32 letters, digits, '-' or '_'")
+        return v
+
+    @property
+    def effective_mode(self) -> str:
+        return self.mode or DEFAULT_MODE[self.backend]
+
+    def devices(self) -> dict[str, DeviceRef]:
+        return {"origin": self.origin, **({"cache": self.cache} if self.cache else {})}
+
+
+class HostSpec(Strict):
+    version: Literal[1] = Field(SPEC_VERSION, description="Spec format version.")
+    caches: list[CacheSpec] = Field(description="The caches this host should have.")
+
+
+def json_schema() -> dict:
+    schema = HostSpec.model_json_schema()
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "hotcache host spec"
+    return schema
+
+
+def yaml_path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def _structural(raw: Any, source: str) -> HostSpec:
+    if not isinstance(raw, dict):
+        raise SpecError(source, ["(top level): must be a mapping with `caches:`"],
+                        hint="start from a file in examples/")
+    try:
+        return HostSpec.model_validate(raw)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            # Drop pydantic's internal loc parts (validator names) to keep the YAML path.
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key (check its spelling; see `hotcache schema`)"
+            elif err["type"] == "missing":
+                msg = "required key is missing"
+            problems.append(f"{yaml_path(loc)}: {msg}")
+        raise SpecError(source, problems, hint="fix these and run `hotcache plan` again") from None
+
+
+def _semantic(spec: HostSpec) -> list[str]:
+    problems: list[str] = []
+    seen_names: dict[str, int] = {}
+    seen_mounts: dict[str, int] = {}
+    seen_devices: dict[str, str] = {}
+    for i, c in enumerate(spec.caches):
+        at = f"caches[{i}]"
+        if c.name in seen_names:
+            problems.append(f"{at}.name: {c.name!r} is also the name of caches[{seen_names[c.name]}]")
+        seen_names.setdefault(c.name, i)
+        if c.backend == "none" and c.cache is not None:
+            problems.append(f"{at}.cache: backend none puts XFS straight on `origin`; "
+                            "remove `cache` or choose bcache, dm-cache or lvmcache")
+        if c.backend != "none" and c.cache is None:
+            problems.append(f"{at}.cache: backend {c.backend} needs a cache device (the SSD)")
+        if c.mode is not None and c.mode not in MODES[c.backend]:
+            problems.append(f"{at}.mode: {c.mode!r} is not a {c.backend} mode; "
+                            f"use one of {', '.join(MODES[c.backend])}")
+        for key, value in c.tunables.items():
+            allowed = TUNABLES[c.backend]
+            if key not in allowed:
+                problems.append(f"{at}.tunables.{key}: not a {c.backend} tunable"
+                                + (f"; known: {', '.join(sorted(allowed))}" if allowed else ""))
+            elif not isinstance(value, allowed[key]) or isinstance(value, bool):
+                problems.append(f"{at}.tunables.{key}: must be {allowed[key].__name__}")
+            elif allowed[key] is int and value < 0:
+                problems.append(f"{at}.tunables.{key}: must not be negative")
+        for role, dev in c.devices().items():
+            problems += _check_device(f"{at}.{role}", dev)
+            key = dev.path and os.path.realpath(dev.path) or dev.loop.file
+            if key in seen_devices:
+                problems.append(f"{at}.{role}: {dev.label} is also used by {seen_devices[key]}")
+            seen_devices.setdefault(key, f"{at}.{role}")
+        fs = c.filesystem
+        mp = os.path.normpath(fs.mountpoint)
+        if not os.path.isabs(fs.mountpoint):
+            problems.append(f"{at}.filesystem.mountpoint: {fs.mountpoint!r} must be an absolute path")
+        elif mp in SYSTEM_DIRS:
+            problems.append(f"{at}.filesystem.mountpoint: {mp} is a system folder; "
+                            "mount the cache on its own folder such as /mnt/hot")
+        elif mp in seen_mounts:
+            problems.append(f"{at}.filesystem.mountpoint: {mp} is also used by "
+                            f"caches[{seen_mounts[mp]}]")
+        seen_mounts.setdefault(mp, i)
+        if fs.label is not None and (len(fs.label) > 12 or not fs.label.isprintable()
+                                     or " " in fs.label):
+            problems.append(f"{at}.filesystem.label: {fs.label!r} must be 1-12 characters "
+                            "without spaces (an XFS limit)")
+        for opt in fs.options:
+            if opt.split("=")[0] in ATIME_OPTIONS:
+                problems.append(f"{at}.filesystem.options: {opt!r} contradicts noatime, "
+                                "which hotcache always sets; remove it")
+            elif not re.fullmatch(r"[A-Za-z0-9_.=:/-]+", opt) or opt in ("ro", "rw"):
+                problems.append(f"{at}.filesystem.options: {opt!r} is not a mount option "
+                                "hotcache can set (one option per list item, not ro/rw)")
+        if fs.owner is not None:
+            problems += _check_owner(f"{at}.filesystem.owner", fs.owner)
+        if fs.mode is not None and not re.fullmatch(r"0?[0-7]{3,4}", fs.mode):
+            problems.append(f"{at}.filesystem.mode: {fs.mode!r} must be octal like '0755' or "
+                            "'2775' (quote it in YAML)")
+    return problems
+
+
+def _check_device(at: str, dev: DeviceRef) -> list[str]:
+    if dev.path is not None:
+        if not os.path.exists(dev.path):
+            return [f"{at}: device {dev.path} does not exist (see `hotcache devices`)"]
+        import stat
+
+        if not stat.S_ISBLK(os.stat(dev.path).st_mode):
+            return [f"{at}: {dev.path} is not a block device"]
+        return []
+    image = Path(dev.loop.file)
+    if not image.parent.is_dir():
+        return [f"{at}.loop.file: folder {image.parent} does not exist; create it first"]
+    if image.exists() and not image.is_file():
+        return [f"{at}.loop.file: {image} exists and is not a regular file"]
+    return []
+
+
+def _check_owner(at: str, owner: str) -> list[str]:
+    user, _, group = owner.partition(":")
+    problems = []
+    try:
+        pwd.getpwnam(user) if not user.isdigit() else None
+    except KeyError:
+        problems.append(f"{at}: user {user!r} does not exist on this host")
+    if group:
+        try:
+            grp.getgrnam(group) if not group.isdigit() else None
+        except KeyError:
+            problems.append(f"{at}: group {group!r} does not exist on this host")
+    return problems
+
+
+def parse_spec(text: str, source: str = "<spec>") -> HostSpec:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise SpecError(source, [f"{where}not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
+    spec = _structural(raw, source)
+    problems = _semantic(spec)
+    if problems:
+        raise SpecError(source, problems, hint="fix these and run `hotcache plan` again")
+    return spec
+
+
+def load_spec(path: str | os.PathLike) -> HostSpec:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise SpecError(str(p), ["file not found"], hint="give the path of a host spec "
+                        "(examples/ has some to start from)") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError(str(p), [f"cannot read it: {exc}"]) from None
+    return parse_spec(text, str(p))

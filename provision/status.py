@@ -1,0 +1,97 @@
+"""What the mapping says, against what is really there."""
+
+from __future__ import annotations
+
+import os
+
+from . import blockdev, fstab, mapping
+from .backends import get as get_backend
+from .errors import HotcacheError
+from .runner import Runner
+
+
+def current_node(entry: dict, role: str = "origin") -> str | None:
+    """The device's node now: loop devices are found again by their backing file, and
+    devices named by path or by-id through those links (kernel names can move)."""
+    info = entry.get("devices", {}).get(role, {})
+    if info.get("loop_file"):
+        return blockdev.loop_for_file(info["loop_file"])
+    for candidate in [info.get("path"), *info.get("by_id", []), info.get("node")]:
+        if candidate and os.path.exists(candidate):
+            return os.path.realpath(candidate)
+    return None
+
+
+def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
+    fs = entry.get("filesystem", {})
+    mp = fs.get("mountpoint")
+    problems: list[str] = []
+    devices = {}
+    for role in entry.get("devices", {}):
+        node = current_node(entry, role)
+        devices[role] = {"node": node, "present": node is not None}
+        if node is None:
+            problems.append(f"{role} device is missing ({_describe(entry, role)})")
+    if entry.get("state") != "ready":
+        problems.append(f"state is {entry.get('state')!r}: an apply did not finish; run "
+                        "`hotcache apply` again")
+    cached = entry.get("cached_device")
+    if entry.get("backend") == "none":
+        cached = devices.get("origin", {}).get("node")
+    mount = blockdev.mount_at(mp) if mp else None
+    result = {
+        "name": name, "backend": entry.get("backend"), "mode": entry.get("mode"),
+        "state": entry.get("state"), "devices": devices, "cached_device": cached,
+        "mountpoint": mp, "mounted": False, "noatime": False, "fs_uuid_matches": False,
+        "options": [], "size_bytes": None, "used_bytes": None, "free_bytes": None,
+        "persistent": None,
+    }
+    if mount is None:
+        problems.append(f"not mounted at {mp}")
+    else:
+        result["mounted"] = True
+        result["options"] = list(mount.options)
+        result["noatime"] = "noatime" in mount.options
+        if not result["noatime"]:
+            problems.append(f"{mp} is mounted without noatime (every read writes); run "
+                            "`hotcache apply` to remount it")
+        missing = [o for o in fs.get("options", []) if o not in mount.options and o != "noatime"]
+        if missing:
+            problems.append(f"{mp} is mounted without {','.join(missing)}")
+        if os.path.exists(mount.source):
+            got = blockdev.fs_identity(mount.source, runner).get("UUID")
+            result["fs_uuid_matches"] = got == fs.get("uuid")
+            if not result["fs_uuid_matches"]:
+                problems.append(f"{mp} holds filesystem {got}, not the recorded {fs.get('uuid')}")
+        st = os.statvfs(mp)
+        result["size_bytes"] = st.f_blocks * st.f_frsize
+        result["free_bytes"] = st.f_bavail * st.f_frsize
+        result["used_bytes"] = (st.f_blocks - st.f_bfree) * st.f_frsize
+    fstab_file_recorded = entry.get("persist", {}).get("fstab")
+    if fstab_file_recorded:
+        line = fstab.read_entry(fstab.fstab_path(str(fstab_file or fstab_file_recorded)), name)
+        result["persistent"] = line is not None and fs.get("uuid", "?") in line
+        if not result["persistent"]:
+            problems.append(f"no fstab entry for it in {fstab_file or fstab_file_recorded}; "
+                            "it will not be mounted at boot")
+    if entry.get("backend") != "none" and not problems:
+        try:
+            result["cache"] = get_backend(entry["backend"]).stats(entry, runner)
+        except (HotcacheError, OSError, ValueError, KeyError) as exc:
+            problems.append(f"cannot read cache statistics: {exc}")
+    result["problems"] = problems
+    result["ok"] = not problems
+    return result
+
+
+def _describe(entry: dict, role: str) -> str:
+    info = entry["devices"][role]
+    if info.get("loop_file"):
+        return f"loop image {info['loop_file']} is not attached"
+    return info.get("path") or info.get("node") or "?"
+
+
+def host_status(state_path, fstab_file, runner: Runner, name: str | None = None) -> list[dict]:
+    data = mapping.load(state_path)
+    names = [name] if name else list(data["caches"])
+    return [cache_status(n, data["caches"][n], runner, fstab_file) for n in names]
