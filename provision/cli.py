@@ -23,6 +23,21 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        sys.stdout.write(f"hotcache {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """hotcache: SSD caches, hot copies and input-bound diagnostics for GPU hosts."""
+
+
 JsonOpt = typer.Option(False, "--json", help="Print a JSON document instead of text.")
 StateOpt = typer.Option(None, "--state", envvar="HOTCACHE_STATE", show_envvar=True,
                         help="Mapping file [default: /etc/hotcache/mappings.yaml].")
@@ -270,6 +285,13 @@ def schema():
     from .spec import json_schema
 
     emit(json_schema())
+
+
+# Commands that live in their own modules; each imports its heavy parts lazily.
+from . import cli_cache, cli_copies, cli_observe  # noqa: E402
+
+for _module in (cli_copies, cli_cache, cli_observe):
+    _module.register(app)
 
 
 def main() -> None:

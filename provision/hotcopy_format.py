@@ -1,0 +1,42 @@
+"""The on-disk format of a hot copy, shared by the copier (provision) and the training
+adapters (which may read it, never write it). Standard library only.
+
+A published hot copy is a directory DEST holding the copied files plus:
+  SHA256SUMS           `sha256sum -c SHA256SUMS` (run inside DEST) checks every file
+  .hotcache-copy.json  metadata: {"format": 1, "complete": true, "name", "version",
+                       "source", "files", "bytes", "hash": "sha256", "copied_at",
+                       "verified_at", "verify_ok", "tool_version"}
+While a copy is being made it lives in a staging directory next to DEST (same
+filesystem) named `.{DEST.name}.hotcache-staging`; a directory without a complete
+metadata file (or a staging directory) is never a hot copy.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+FORMAT = 1
+MANIFEST = "SHA256SUMS"
+METADATA = ".hotcache-copy.json"
+STAGING_SUFFIX = ".hotcache-staging"
+RESERVED = {MANIFEST, METADATA}
+
+
+def staging_dir(dest: Path) -> Path:
+    return dest.parent / f".{dest.name}{STAGING_SUFFIX}"
+
+
+def read_metadata(dest: Path) -> dict | None:
+    """The metadata of a complete, published hot copy at `dest`, or None."""
+    if dest.name.endswith(STAGING_SUFFIX):
+        return None
+    try:
+        meta = json.loads((dest / METADATA).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not meta.get("complete"):
+        return None
+    if not (dest / MANIFEST).is_file():
+        return None
+    return meta
