@@ -114,3 +114,15 @@ class DriftError(HotcacheError):
 
 class WaitTimeout(HotcacheError):
     exit_code = ExitCode.TIMEOUT
+
+
+class DataRootError(HotcacheError):
+    """The training adapters: DATA_ROOT is unset, missing, or not the hot copy asked for."""
+
+    exit_code = ExitCode.BAD_INPUT
+
+
+class CacheLockedError(HotcacheError):
+    """A tf.data cache directory is locked by a running job, or by one we cannot identify."""
+
+    exit_code = ExitCode.REFUSED
