@@ -1,0 +1,252 @@
+"""Backend none on real loop devices: the administrator's own steps, checked with the
+host's own tools (findmnt, blkid, losetup)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hotcache.provision import engine, mapping
+from hotcache.provision.fstab import fstab_path
+from hotcache.provision.mapping import state_path
+from hotcache.provision.runner import Runner
+from hotcache.provision.spec import parse_spec
+from tests.helpers import hotcache, hotcache_json, loop_spec, loops_under, mounts_under
+
+pytestmark = pytest.mark.root
+
+
+def findmnt(mp) -> dict | None:
+    proc = subprocess.run(["findmnt", "--json", "--mountpoint", str(mp)], capture_output=True,
+                          text=True)
+    return json.loads(proc.stdout)["filesystems"][0] if proc.returncode == 0 else None
+
+
+def test_apply_status_reapply_teardown(sandbox):
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox, owner="nobody:nogroup", mode="'2775'",
+                              options="[logbsize=256k]"))
+    rc, doc = hotcache_json("apply", spec, "--yes")
+    assert rc == 0 and doc["changed"] is True
+    mp = sandbox / "mnt" / "hot"
+    fs = findmnt(mp)
+    assert fs["fstype"] == "xfs" and "noatime" in fs["options"].split(",")
+    assert "logbsize=256k" in fs["options"]
+    st = os.stat(mp)
+    assert (st.st_uid, oct(st.st_mode & 0o7777)) == (65534, "0o2775")
+
+    state = yaml.safe_load(Path(os.environ["HOTCACHE_STATE"]).read_text())
+    entry = state["caches"]["hot"]
+    assert entry["state"] == "ready" and entry["backend"] == "none"
+    assert entry["devices"]["origin"]["loop_file"] == str(sandbox / "hot.img")
+    blkid = subprocess.run(["blkid", "-o", "value", "-s", "UUID", fs["source"]],
+                           capture_output=True, text=True).stdout.strip()
+    assert entry["filesystem"]["uuid"] == blkid
+    line = Path(os.environ["HOTCACHE_FSTAB"]).read_text()
+    assert f"UUID={blkid} {mp} xfs noatime,logbsize=256k,nofail,x-systemd.device-timeout=30s" in line
+
+    rc, doc = hotcache_json("status")
+    assert rc == 0 and doc["ok"] and doc["caches"][0]["noatime"]
+    assert doc["caches"][0]["fs_uuid_matches"] and doc["caches"][0]["persistent"]
+
+    rc, doc = hotcache_json("apply", spec, "--yes")
+    assert rc == 0 and doc["changed"] is False and doc["unchanged"] == ["hot"]
+    text = hotcache("apply", spec, "--yes").stdout
+    assert "already as specified" in text and "no changes" in text
+
+    (mp / "data.bin").write_bytes(b"x" * 4096)
+    rc, doc = hotcache_json("teardown", "hot", "--yes")
+    assert rc == 0
+    assert mounts_under(sandbox) == [] and loops_under(sandbox) == []
+    assert "hotcache:hot" not in Path(os.environ["HOTCACHE_FSTAB"]).read_text()
+    assert mapping.load(Path(os.environ["HOTCACHE_STATE"]))["caches"] == {}
+    assert (sandbox / "hot.img").exists(), "teardown keeps the image (the data)"
+
+
+def test_reapply_after_teardown_refuses_the_old_filesystem(sandbox):
+    """After teardown the image still holds data; hotcache no longer owns it."""
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    hotcache("apply", spec, "--yes", check=True)
+    hotcache("teardown", "hot", "--yes", check=True)
+    proc = hotcache("apply", spec, "--yes")
+    assert proc.returncode == 3
+    assert "carries signatures (xfs)" in proc.stderr and "wipe: true" in proc.stderr
+    assert loops_under(sandbox) == [] and mounts_under(sandbox) == []
+
+
+def test_wipe_true_is_the_consent_to_erase(sandbox):
+    img = sandbox / "hot.img"
+    subprocess.run(["truncate", "-s", "512M", img], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", img], check=True)
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    before = img.read_bytes()[:2048]
+    proc = hotcache("apply", spec, "--yes")
+    assert proc.returncode == 3 and "ext4" in proc.stderr
+    assert img.read_bytes()[:2048] == before and loops_under(sandbox) == []
+    assert not Path(os.environ["HOTCACHE_STATE"]).exists()
+
+    spec.write_text(spec.read_text().replace("size: 512M}", "size: 512M}\n      wipe: true"))
+    plan = hotcache("plan", spec).stdout
+    assert "wipefs --all" in plan
+    hotcache("apply", spec, "--yes", check=True)
+    assert findmnt(sandbox / "mnt" / "hot")["fstype"] == "xfs"
+
+
+def test_refuses_too_small_device(sandbox):
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox, size="100M"))
+    proc = hotcache("apply", spec, "--yes")
+    assert proc.returncode == 3 and "too small" in proc.stderr and "300 MiB" in proc.stderr
+    assert not (sandbox / "hot.img").exists()
+
+
+def test_refuses_non_empty_mountpoint(sandbox):
+    (sandbox / "mnt" / "hot").mkdir()
+    (sandbox / "mnt" / "hot" / "precious.txt").write_text("keep me")
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    proc = hotcache("apply", spec, "--yes")
+    assert proc.returncode == 3 and "not empty" in proc.stderr
+    assert not (sandbox / "hot.img").exists()
+
+
+def test_refuses_a_mounted_device(sandbox):
+    img = sandbox / "busy.img"
+    subprocess.run(["truncate", "-s", "512M", img], check=True)
+    subprocess.run(["mkfs.xfs", "-q", img], check=True)
+    dev = subprocess.run(["losetup", "--find", "--show", img], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    other = sandbox / "other"
+    other.mkdir()
+    subprocess.run(["mount", dev, other], check=True)
+    spec = sandbox / "spec.yaml"
+    spec.write_text(f"""caches:
+  - name: hot
+    backend: none
+    origin: {{path: {dev}, wipe: true}}
+    filesystem: {{mountpoint: {sandbox}/mnt/hot}}
+""")
+    proc = hotcache("apply", spec, "--yes")
+    assert proc.returncode == 3
+    assert f"mounted at {other}" in proc.stderr and "even with wipe: true" in proc.stderr
+
+
+def test_refuses_the_root_device(sandbox):
+    root_src = findmnt("/")["source"]
+    if not root_src.startswith("/dev/"):
+        root_src = "/dev/" + subprocess.run(["lsblk", "-no", "PKNAME,KNAME"], capture_output=True,
+                                            text=True).stdout.split()[0]
+    spec = sandbox / "spec.yaml"
+    spec.write_text(f"""caches:
+  - name: hot
+    backend: none
+    origin: {{path: {root_src}, wipe: true}}
+    filesystem: {{mountpoint: {sandbox}/mnt/hot}}
+""")
+    proc = hotcache("apply", spec, "--yes")
+    assert proc.returncode == 3 and "root filesystem" in proc.stderr
+
+
+def test_apply_without_yes_and_without_terminal_changes_nothing(sandbox):
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    proc = hotcache("apply", spec)
+    assert proc.returncode == 3 and "--yes" in proc.stderr
+    assert not (sandbox / "hot.img").exists() and loops_under(sandbox) == []
+
+
+def test_teardown_refuses_a_busy_mount_and_names_the_process(sandbox):
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    hotcache("apply", spec, "--yes", check=True)
+    mp = sandbox / "mnt" / "hot"
+    holder = subprocess.Popen(["sleep", "60"], cwd=mp)
+    try:
+        proc = hotcache("teardown", "hot", "--yes")
+        assert proc.returncode == 3
+        assert f"pid {holder.pid} (sleep)" in proc.stderr and "busy" in proc.stderr
+        assert findmnt(mp) is not None
+    finally:
+        holder.kill()
+        holder.wait()
+    hotcache("teardown", "hot", "--yes", check=True)
+
+
+def test_teardown_unknown_name(sandbox):
+    proc = hotcache("teardown", "ghost", "--yes")
+    assert proc.returncode == 2 and "'ghost'" in proc.stderr
+
+
+def test_teardown_wipe_erases_signatures(sandbox):
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    hotcache("apply", spec, "--yes", check=True)
+    hotcache("teardown", "hot", "--yes", "--wipe", check=True)
+    probe = subprocess.run(["wipefs", "--no-act", "--json", sandbox / "hot.img"],
+                           capture_output=True, text=True).stdout
+    assert probe.strip() == "" or json.loads(probe)["signatures"] == []
+
+
+def test_status_reports_drift_and_apply_repairs_it(sandbox):
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    hotcache("apply", spec, "--yes", check=True)
+    mp = sandbox / "mnt" / "hot"
+    subprocess.run(["mount", "-o", "remount,strictatime", mp], check=True)
+    rc, doc = hotcache_json("status", "hot")
+    assert rc == 5 and any("without noatime" in p for p in doc["caches"][0]["problems"])
+    subprocess.run(["umount", mp], check=True)
+    rc, doc = hotcache_json("status")
+    assert rc == 5 and any("not mounted" in p for p in doc["caches"][0]["problems"])
+    proc = hotcache("status")
+    assert proc.returncode == 5 and "DRIFT" in proc.stdout
+
+    hotcache("apply", spec, "--yes", check=True)
+    rc, doc = hotcache_json("status")
+    assert rc == 0 and doc["ok"]
+    assert "noatime" in findmnt(mp)["options"].split(",")
+
+
+def test_status_reports_a_detached_device(sandbox):
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    hotcache("apply", spec, "--yes", check=True)
+    subprocess.run(["umount", sandbox / "mnt" / "hot"], check=True)
+    for dev in loops_under(sandbox):
+        subprocess.run(["losetup", "--detach", dev], check=True)
+    rc, doc = hotcache_json("status")
+    assert rc == 5
+    assert any("is not attached" in p for p in doc["caches"][0]["problems"])
+
+
+class Interrupt(BaseException):
+    """Stands in for SIGKILL between two steps (nothing after it runs)."""
+
+
+@pytest.mark.parametrize("stop_after", [1, 2, 3, 4, 6])
+def test_apply_interrupted_between_steps_converges(sandbox, stop_after):
+    spec = parse_spec(loop_spec(sandbox))
+    env = engine.Env(Runner(), state_path(), fstab_path())
+    plan = engine.plan_apply(spec, env)
+    steps = len(plan.steps)
+
+    def progress(i, step):
+        if i == stop_after:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        engine.execute(plan, env.runner, progress)
+    second = engine.plan_apply(spec, env)
+    assert 0 < len(second.steps) < steps + 1
+    engine.execute(second, env.runner)
+    assert engine.plan_apply(spec, env).empty
+    rc, doc = hotcache_json("status")
+    assert rc == 0 and doc["ok"], doc
+    assert len(loops_under(sandbox)) == 1
