@@ -18,6 +18,7 @@ class ExitCode:
     NOT_ROOT = 6        # the command needs root
     MISSING_TOOL = 7    # a program or kernel feature this host lacks
     TIMEOUT = 8         # a bounded wait (flush, device to appear) ran out
+    UNHEALTHY = 9       # doctor: the host has problems (each printed with its fix)
 
 
 class HotcacheError(Exception):
