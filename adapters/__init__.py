@@ -1,0 +1,31 @@
+"""hotcache's training side: what a training job imports.
+
+    from hotcache.adapters import data_root, timed
+    root = data_root("/mnt/hdd/imagenet")          # logs which copy is really used
+    for batch in timed(loader):                     # logs how long each batch was waited for
+        ...
+
+`make_loader` (PyTorch) and `make_dataset` (tf.data) load their framework on first use:
+importing this package imports neither torch nor TensorFlow (nor typer, pyudev, rich).
+"""
+
+from __future__ import annotations
+
+from .dataroot import DataRoot, HotCopy, data_root
+from .timing import BatchTimer, Summary, timed, verdict
+
+_LAZY = {
+    "make_loader": "pytorch", "ImageFolderDataset": "pytorch",
+    "make_dataset": "tfdata", "DataWaitCallback": "tfdata",
+}
+
+__all__ = ["DataRoot", "HotCopy", "data_root", "BatchTimer", "Summary", "timed", "verdict",
+           *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,147 @@
+"""`data_root()`: the one switch between the cold source and the hot copy, and the one
+log line that says which of the two a training job really read.
+
+    root = data_root("/mnt/hdd/imagenet")        # DATA_ROOT wins when set
+    root = data_root(expect="hot")               # refuse anything but a verified hot copy
+
+The line is logged once per call on the `hotcache.adapters` logger, as `key=value` text,
+or as one JSON object when `json_log=True` or HOTCACHE_LOG_JSON=1.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from hotcache.provision.errors import DataRootError
+from hotcache.provision.hotcopy_format import STAGING_SUFFIX, read_metadata, staging_dir
+
+from .blockinfo import Backing, backing_of
+
+log = logging.getLogger("hotcache.adapters")
+
+ENV = "DATA_ROOT"
+ENV_EXPECT = "DATA_ROOT_EXPECT"
+ENV_JSON = "HOTCACHE_LOG_JSON"
+
+
+@dataclass(frozen=True)
+class HotCopy:
+    """What the hot copy's metadata says. `state` is one of:
+    hot        complete and verified
+    unverified complete, but its last verification failed or never ran
+    staging    a copy being written (or left half-written): never hot
+    cold       no hot copy here"""
+
+    state: str
+    root: str | None = None          # the copy's top folder (DATA_ROOT may be inside it)
+    name: str | None = None
+    version: str | None = None
+    verified_at: str | None = None
+    files: int | None = None
+
+    @property
+    def is_hot(self) -> bool:
+        return self.state == "hot"
+
+
+@dataclass(frozen=True)
+class DataRoot:
+    path: Path
+    source: str                      # "DATA_ROOT" or "default"
+    copy: HotCopy
+    backing: Backing
+    rank: dict = field(default_factory=dict)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+    def __truediv__(self, other) -> Path:
+        return self.path / other
+
+    def to_dict(self) -> dict:
+        return {"event": "data_root", "path": str(self.path), "source": self.source,
+                "hot": self.copy.is_hot, "copy": asdict(self.copy),
+                "fs": self.backing.fstype, "mountpoint": self.backing.mountpoint,
+                "device": self.backing.device, "devnum": self.backing.devnum,
+                "cache": self.backing.cache, "device_detail": self.backing.detail,
+                "rotational": self.backing.rotational, **self.rank}
+
+    def log_line(self) -> str:
+        c, b = self.copy, self.backing
+        parts = [f"data_root path={self.path}", f"source={self.source}",
+                 f"hot={'yes' if c.is_hot else 'no'}", f"copy={c.state}"]
+        if c.state != "cold":
+            parts += [f"name={c.name}", f"version={c.version}", f"verified_at={c.verified_at}"]
+        parts += [f"fs={b.fstype}", f"device={b.device or b.source}", f"cache={b.cache}"]
+        parts += [f"{k.lower()}={v}" for k, v in self.rank.items()]
+        return " ".join(parts)
+
+
+def hot_copy_at(path: Path) -> HotCopy:
+    """Find the hot copy that holds `path` (itself or a parent folder)."""
+    for folder in (path, *path.parents):
+        if folder.name.endswith(STAGING_SUFFIX):
+            return HotCopy("staging", str(folder))
+        meta = read_metadata(folder)
+        if meta is not None:
+            verified = meta.get("verify_ok") is True and bool(meta.get("verified_at"))
+            return HotCopy("hot" if verified else "unverified", str(folder), meta.get("name"),
+                           None if meta.get("version") is None else str(meta.get("version")),
+                           meta.get("verified_at"), meta.get("files"))
+        if staging_dir(folder).exists():
+            # DEST exists without complete metadata while its staging folder is still there:
+            # a copy in progress or one that died half-way.
+            return HotCopy("staging", str(staging_dir(folder)))
+        if folder.is_mount():
+            break                                     # a hot copy never spans filesystems
+    return HotCopy("cold")
+
+
+def _resolve(default: str | os.PathLike | None) -> tuple[Path, str]:
+    raw = os.environ.get(ENV)
+    if raw:
+        tried = [f"{ENV}={raw} -> {Path(raw).expanduser().resolve()}"]
+        candidate, source = Path(raw), ENV
+        if default is not None:
+            tried.append(f"default={default} (not used: {ENV} is set and wins)")
+    elif default is not None:
+        tried = [f"{ENV} is unset", f"default={default} -> {Path(default).expanduser().resolve()}"]
+        candidate, source = Path(default), "default"
+    else:
+        raise DataRootError(f"{ENV} is not set and no default was given",
+                            hint=f"export {ENV}=/path/to/dataset (the hot copy or the source)")
+    path = candidate.expanduser().resolve()
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise DataRootError(f"data root {path} {what}; tried: " + "; ".join(tried),
+                            hint=f"point {ENV} at an existing dataset folder")
+    return path, source
+
+
+def data_root(default: str | os.PathLike | None = None, expect: str | None = None, *,
+              json_log: bool | None = None, logger: logging.Logger | None = None) -> DataRoot:
+    """Resolve DATA_ROOT (or `default`), describe it, log one line, return it.
+
+    expect="hot" (or DATA_ROOT_EXPECT=hot) raises DataRootError unless the path is a
+    complete, verified hot copy: a training job that asked for the SSD never silently
+    reads the HDD instead."""
+    path, source = _resolve(default)
+    expect = expect or os.environ.get(ENV_EXPECT) or None
+    if expect not in (None, "hot", "any"):
+        raise DataRootError(f"expect={expect!r} is not understood", hint="use expect='hot' or leave it unset")
+    rank = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if os.environ.get(k)}
+    root = DataRoot(path, source, hot_copy_at(path), backing_of(path), rank)
+    if json_log is None:
+        json_log = os.environ.get(ENV_JSON, "") not in ("", "0")
+    (logger or log).info(json.dumps(root.to_dict(), sort_keys=True) if json_log else root.log_line())
+    if expect == "hot" and not root.copy.is_hot:
+        why = {"cold": "is not a hot copy (no complete hotcache metadata in it or above it)",
+               "staging": f"is a half-written hot copy (staging folder {root.copy.root})",
+               "unverified": f"is a hot copy at {root.copy.root} whose last verification did not pass"}
+        raise DataRootError(f"{ENV} {path} {why[root.copy.state]}, and a hot copy was expected",
+                            hint="run `hotcache copy` / `hotcache verify`, or unset DATA_ROOT_EXPECT")
+    return root

@@ -1,0 +1,207 @@
+"""How long a training loop waits for each batch.
+
+    for batch in timed(loader, name="train"):
+        step(batch)
+
+Each `next()` on the wrapped iterator is timed with `perf_counter`, the clock started
+*before* the call (a timer started after `next()` returns measures nothing of the fetch).
+The first batch (worker start-up, file opening) is kept apart from the steady state.
+"Step time" is the time from one batch's arrival to the next one's: compute + wait.
+
+The verdict uses the thresholds of the TensorFlow profiler's input-pipeline analysis
+(and PyTorch's TensorBoard plugin warns from 5 %): waiting >= 20 % of step time is highly
+input-bound, >= 5 % moderately.
+
+Per batch the wrapper does two clock reads, one list append and a counter decrement;
+all logging and statistics happen every `log_every` batches and at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import asdict, dataclass
+from time import perf_counter, time
+
+log = logging.getLogger("hotcache.adapters")
+
+ENV_LOG = "HOTCACHE_TIMING_LOG"
+HIGHLY = 0.20
+MODERATELY = 0.05
+
+
+def verdict(wait_share: float | None) -> str:
+    if wait_share is None:
+        return "unknown"
+    if wait_share >= HIGHLY:
+        return "highly input-bound"
+    if wait_share >= MODERATELY:
+        return "moderately input-bound"
+    return "not input-bound"
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not ordered:
+        return 0.0
+    k = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
+    return ordered[k]
+
+
+@dataclass(frozen=True)
+class Summary:
+    name: str
+    epoch: int
+    batches: int                    # batches delivered, the first one included
+    first_batch_s: float | None     # wait for the first batch, kept out of the figures below
+    total_wait_s: float             # steady state: batches 2..n
+    p50_wait_s: float
+    p95_wait_s: float
+    p99_wait_s: float
+    max_wait_s: float
+    step_s: float                   # mean time from one batch's arrival to the next's
+    wall_s: float                   # from the first batch's arrival to the last step's end
+    wait_share: float | None        # total_wait_s / wall_s
+    verdict: str
+    worker_load_s: float | None = None   # time workers spent loading samples (PyTorch)
+    worker_load_per_batch_s: float | None = None
+
+    def to_dict(self) -> dict:
+        return {"event": "batch_timing", **asdict(self)}
+
+    def line(self) -> str:
+        ms = lambda s: f"{s * 1e3:.2f}ms"  # noqa: E731
+        share = "n/a" if self.wait_share is None else f"{self.wait_share:.1%}"
+        first = "n/a" if self.first_batch_s is None else ms(self.first_batch_s)
+        text = (f"{self.name} epoch={self.epoch} batches={self.batches} first={first} "
+                f"wait p50={ms(self.p50_wait_s)} p95={ms(self.p95_wait_s)} "
+                f"p99={ms(self.p99_wait_s)} max={ms(self.max_wait_s)} "
+                f"total={self.total_wait_s:.3f}s step={ms(self.step_s)} waiting={share} "
+                f"-> {self.verdict}")
+        if self.worker_load_s is not None:
+            text += f" (workers loaded for {self.worker_load_s:.3f}s)"
+        return text
+
+
+def summarize(name: str, epoch: int, first: float | None, waits: list[float], wall: float,
+              steps: int, worker_loads: list[float] | None = None) -> Summary:
+    """`wall` spans `steps` steps, from the first batch's arrival on."""
+    ordered = sorted(waits)
+    total = sum(ordered)
+    # With one batch there is no steady state to judge.
+    share = total / wall if ordered and wall > 0 else None
+    loads = sum(worker_loads) if worker_loads else None
+    return Summary(name, epoch, len(ordered) + (first is not None), first, total,
+                   _percentile(ordered, 50), _percentile(ordered, 95), _percentile(ordered, 99),
+                   ordered[-1] if ordered else 0.0, wall / steps if steps else 0.0, wall,
+                   share, verdict(share), loads,
+                   loads / len(worker_loads) if worker_loads else None)
+
+
+class BatchTimer:
+    """Wrap an iterable; each `iter()` over it is one epoch, timed batch by batch.
+
+    log_every: log (and write a JSON line) every N batches; 0 logs only at the end.
+    log_path:  append JSON lines here (default: $HOTCACHE_TIMING_LOG, if set).
+    stamped:   the iterable yields (batch, worker_seconds) pairs; the timer keeps the
+               seconds apart (workers' load time) and yields only the batch.
+    """
+
+    def __init__(self, iterable, *, name: str = "batches", log_every: int = 100,
+                 log_path: str | os.PathLike | None = None,
+                 logger: logging.Logger | None = None, stamped: bool = False):
+        self.iterable = iterable
+        self.name = name
+        self.log_every = log_every
+        self.log_path = log_path if log_path is not None else os.environ.get(ENV_LOG) or None
+        self.logger = logger or log
+        self.stamped = stamped
+        self.epoch = -1
+        self.summaries: list[Summary] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.first: float | None = None
+        self.waits: list[float] = []
+        self.worker_loads: list[float] = []
+        self._t_first = self._t_last = 0.0
+        self._ended = False    # the last step (after the last batch) is inside the wall time
+
+    def __len__(self) -> int:
+        return len(self.iterable)
+
+    def __getattr__(self, attr):
+        # Let the wrapper stand in for a DataLoader: .dataset, .sampler, .batch_size ...
+        if attr == "iterable":
+            raise AttributeError(attr)
+        return getattr(self.iterable, attr)
+
+    def __iter__(self):
+        self.epoch += 1
+        self._reset()
+        it = iter(self.iterable)
+        clock = perf_counter
+        waits = self.waits
+        record = waits.append
+        loads = self.worker_loads.append
+        stamped = self.stamped
+        every = self.log_every
+        countdown = every or -1
+        t0 = clock()
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        self._t_first = self._t_last = t = clock()
+        self.first = t - t0
+        try:
+            if stamped:
+                item, load = item
+                loads(load)
+            yield item
+            while True:
+                t0 = clock()
+                try:
+                    item = next(it)
+                except StopIteration:
+                    self._t_last = t0
+                    break
+                self._t_last = t = clock()
+                record(t - t0)
+                if stamped:
+                    item, load = item
+                    loads(load)
+                countdown -= 1
+                if not countdown:
+                    countdown = every
+                    self._emit(self.summary(), final=False)
+                yield item
+        finally:
+            if self._t_last == t:
+                # The consumer stopped early (break, exception): its last step ends now.
+                self._t_last = clock()
+            self._ended = True
+            summary = self.summary()
+            self.summaries.append(summary)
+            self._emit(summary, final=True)
+
+    def summary(self) -> Summary:
+        """The current (or last) epoch's figures; cheap enough to call any time."""
+        wall = self._t_last - self._t_first
+        steps = len(self.waits) + self._ended
+        return summarize(self.name, max(self.epoch, 0), self.first, self.waits, wall, steps,
+                         self.worker_loads if self.stamped else None)
+
+    def _emit(self, summary: Summary, *, final: bool) -> None:
+        self.logger.info("%s%s", "timing " if final else "timing (so far) ", summary.line())
+        if self.log_path:
+            record = {**summary.to_dict(), "final": final, "time": time(), "pid": os.getpid()}
+            with open(self.log_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+def timed(iterable, **options) -> BatchTimer:
+    """`BatchTimer(iterable, **options)`: time every batch fetch of any iterable."""
+    return BatchTimer(iterable, **options)
