@@ -90,7 +90,7 @@ def show_plan(plan, title: str) -> None:
             current = step.cache
             c.print(f"[bold]{current}[/]:")
         mark = "[red]![/]" if step.destructive else " "
-        c.print(f" {mark}{i:>2}. {step.summary}")
+        c.print(f" {mark}{i:>2}. {step.summary}", soft_wrap=True)
         if step.argv:
             c.print(f"       [cyan]{step.shown()}[/]", soft_wrap=True)
     for note in plan.notes:
@@ -218,6 +218,10 @@ def _run_steps(result, env, quiet: bool) -> None:
 def status(
     name: Optional[str] = typer.Argument(None, help="One cache (default: all)."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
+    prometheus: Optional[Path] = typer.Option(
+        None, "--prometheus", metavar="FILE",
+        help="Also write the metrics to FILE for node_exporter's textfile collector "
+             "(atomically), e.g. /var/lib/prometheus/node-exporter/hotcache.prom."),
 ):
     """Compare the mapping with the host: device present, mounted, noatime, filesystem
     UUID, space used, cache statistics. Exits 5 when anything has drifted."""
@@ -233,6 +237,10 @@ def status(
                          hint="`hotcache status` without a name lists them all")
     rows = host_status(path, fstab, Runner(), name)
     drift = any(not r["ok"] for r in rows)
+    if prometheus is not None:
+        from .metrics import write_textfile
+
+        write_textfile(prometheus, rows, path)
     if as_json:
         emit({"state": str(path), "caches": rows, "ok": not drift})
     else:
