@@ -1,7 +1,106 @@
-"""CLI commands for observability (doctor, metrics): registered on the main app."""
+"""CLI commands for observability: `doctor` and `metrics-timer` (the metrics themselves
+are `hotcache status --prometheus FILE`). Registered on the main app by cli.py; only
+typer is imported here, the work is imported inside each command."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+UnitDirOpt = typer.Option(None, "--unit-dir", envvar="HOTCACHE_UNIT_DIR", show_envvar=True,
+                          help="Folder of systemd units [default: /etc/systemd/system].")
+
 
 def register(app) -> None:
-    pass
+    from .cli import FstabOpt, JsonOpt, StateOpt
+
+    @app.command()
+    def doctor(
+        as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+        fstab: Optional[Path] = FstabOpt, unit_dir: Optional[Path] = UnitDirOpt,
+        system_fstab: Path = typer.Option(
+            Path("/etc/fstab"), "--system-fstab", envvar="HOTCACHE_SYSTEM_FSTAB",
+            help="The boot fstab, searched for other mounts of hotcache filesystems."),
+        min_free: float = typer.Option(10.0, "--min-free-percent", min=0, max=100,
+                                       help="Below this share of free space a cache is a problem."),
+        max_age: float = typer.Option(7.0, "--max-verify-age-days", min=0,
+                                      help="Warn about hot copies verified longer ago."),
+    ):
+        """Look the host over and say how to fix each thing found: kernel support for each
+        backend, required programs, `nofail` on every boot mount of a cache, boot-time
+        restore of bcache tunables and dm-cache tables, drift between the mapping and the
+        devices, free space and verification of hot copies. Exits 9 when it finds a
+        problem (warnings alone exit 0)."""
+        from .cli import emit
+        from .doctor import PROBLEM, WARNING, Options, report, run
+        from .errors import ExitCode
+        from .fstab import fstab_path
+        from .mapping import state_path
+        from .metrics import DEFAULT_UNIT_DIR
+
+        opts = Options(state_path(state and str(state)),
+                       fstab_path(str(fstab)) if fstab else None, system_fstab,
+                       Path(unit_dir or DEFAULT_UNIT_DIR), min_free, max_age)
+        doc = report(run(opts))
+        if as_json:
+            emit(doc)
+        else:
+            from .cli import console
+
+            c = console()
+            for f in doc["findings"]:
+                if f["severity"] == "ok":
+                    c.print(f"[green]ok[/]      {f['check']}: {f['message']}", soft_wrap=True)
+            for severity, colour in ((WARNING, "yellow"), (PROBLEM, "red")):
+                for f in (f for f in doc["findings"] if f["severity"] == severity):
+                    c.print(f"[{colour}]{severity:<7}[/] {f['check']}: {f['message']}",
+                            soft_wrap=True)
+                    c.print(f"        fix: {f['fix']}", soft_wrap=True)
+            c.print(f"{doc['problems']} problem(s), {doc['warnings']} warning(s)")
+        if not doc["ok"]:
+            raise typer.Exit(ExitCode.UNHEALTHY)
+
+    @app.command("metrics-timer")
+    def metrics_timer(
+        textfile: Path = typer.Option(None, "--textfile", metavar="FILE",
+                                      help="Metrics file [default: /var/lib/prometheus/"
+                                           "node-exporter/hotcache.prom]."),
+        interval: str = typer.Option("1min", "--interval",
+                                     help="How often to refresh (systemd time span)."),
+        unit_dir: Optional[Path] = UnitDirOpt,
+        remove: bool = typer.Option(False, "--remove", help="Remove the units instead."),
+        check: bool = typer.Option(False, "--check", help="Only say whether anything would change."),
+        as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+        fstab: Optional[Path] = FstabOpt,
+    ):
+        """Install a systemd service and timer that run `hotcache status --prometheus FILE`
+        every --interval, for node_exporter's textfile collector
+        (--collector.textfile.directory). The current --state and --fstab go into the
+        service. Idempotent; --json reports {"changed": ...}."""
+        import sys
+
+        from .cli import emit
+        from .metrics import DEFAULT_TEXTFILE, DEFAULT_UNIT_DIR, install_timer, timer_units
+        from .runner import Runner
+
+        if not check:
+            from .cli import need_root
+
+            need_root("metrics-timer")
+        units = None
+        if not remove:
+            # The hotcache next to this interpreter: the venv the role installed.
+            program = Path(sys.executable).with_name("hotcache")
+            env = {k: str(Path(v).absolute()) for k, v in
+                   (("HOTCACHE_STATE", state), ("HOTCACHE_FSTAB", fstab)) if v}
+            units = timer_units(str(program if program.exists() else "hotcache"),
+                                str(Path(textfile or DEFAULT_TEXTFILE).absolute()),
+                                interval, env)
+        doc = install_timer(Path(unit_dir or DEFAULT_UNIT_DIR), units, Runner(), check=check)
+        if as_json:
+            return emit(doc)
+        verb = "would change" if check else "changed"
+        msg = f"{verb}: {', '.join(doc['files'])}" if doc["changed"] else "no changes"
+        sys.stdout.write(msg + "\n" + "".join(f"note: {n}\n" for n in doc["notes"]))

@@ -1,0 +1,294 @@
+"""`hotcache doctor`: look the host over and say how to fix each thing found.
+
+Each check reads (never changes) the host and returns findings. A finding is a
+`problem` (the exit status turns non-zero), a `warning` (worth knowing, nothing is
+broken yet) or `ok`; problems and warnings always carry the fix, as a command where
+there is one.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import fstab, mapping
+from .errors import HotcacheError
+from .runner import PACKAGES, Runner, which
+
+PROBLEM, WARNING, OK = "problem", "warning", "ok"
+# Programs every backend needs (mounting, loop images, identifying filesystems).
+BASE_PROGRAMS = ("mount", "umount", "losetup", "blkid", "wipefs", "mkfs.xfs", "findmnt")
+KERNEL_FEATURE = {"bcache": "bcache", "dm-cache": "device-mapper", "lvmcache": "device-mapper"}
+KERNEL_FIX = {
+    "bcache": "modprobe bcache, and add `bcache` to /etc/modules-load.d/hotcache.conf so it "
+              "loads at boot (the module ships with Debian's linux-image packages)",
+    "device-mapper": "modprobe dm-mod dm-cache dm-cache-smq, and add them to "
+                     "/etc/modules-load.d/hotcache.conf so they load at boot",
+}
+# Backends whose settings the kernel forgets at reboot unless something restores them:
+# bcache keeps only cache_mode in its superblock, raw dm-cache tables vanish entirely.
+RESTORE_NEEDED = {"bcache": "its tunables ({what}) are reset to the kernel defaults at boot",
+                  "dm-cache": "its device-mapper table is gone after a reboot"}
+RESTORE_COMMAND = re.compile(r"hotcache\S*\s+restore\b")  # ".../venv/bin/hotcache restore"
+UDEV_RULE_DIRS = ("/etc/udev/rules.d", "/lib/udev/rules.d", "/usr/lib/udev/rules.d")
+
+
+@dataclass
+class Finding:
+    check: str
+    severity: str
+    subject: str
+    message: str
+    fix: str | None = None
+
+
+@dataclass
+class Options:
+    state: Path
+    fstab: Path | None              # hotcache's fstab (HOTCACHE_FSTAB); None: as recorded
+    system_fstab: Path              # /etc/fstab: other entries for hotcache mountpoints
+    unit_dir: Path                  # where systemd units (restore, metrics) live
+    min_free_percent: float = 10.0
+    max_verify_age_days: float = 7.0
+
+
+def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
+    runner = runner or Runner()
+    try:
+        caches = mapping.load(opts.state)["caches"]
+    except HotcacheError as exc:
+        return [Finding("mapping", PROBLEM, str(opts.state), exc.message,
+                        exc.hint or f"fix or move away {opts.state}")]
+    from .status import cache_status
+
+    rows = {name: cache_status(name, entry, runner, opts.fstab) for name, entry in caches.items()}
+    findings = [
+        *check_kernel(caches),
+        *check_programs(caches),
+        *check_nofail(caches, opts),
+        *check_boot_restore(caches, opts.unit_dir),
+        *check_drift(rows),
+        *check_space_and_copies(caches, rows, opts),
+    ]
+    return findings
+
+
+def used_backends(caches: dict) -> set[str]:
+    return {str(e.get("backend")) for e in caches.values()}
+
+
+def check_kernel(caches: dict) -> list[Finding]:
+    from .discover import kernel_has
+
+    out = []
+    used = used_backends(caches)
+    for feature in sorted(set(KERNEL_FEATURE.values())):
+        backends = sorted(b for b, f in KERNEL_FEATURE.items() if f == feature)
+        users = sorted(n for n, e in caches.items() if e.get("backend") in backends)
+        if kernel_has(feature):
+            out.append(Finding("kernel", OK, feature, f"the kernel has {feature} "
+                               f"({', '.join(backends)} can run)"))
+        elif users:
+            out.append(Finding("kernel", PROBLEM, feature,
+                               f"the kernel has no {feature}, but {', '.join(users)} "
+                               f"use{'s' if len(users) == 1 else ''} it: the cache cannot "
+                               "come up", KERNEL_FIX[feature]))
+        elif used & set(backends):
+            continue
+        else:
+            out.append(Finding("kernel", OK, feature, f"the kernel has no {feature}, so "
+                               f"{', '.join(backends)} cannot be used here (no cache needs "
+                               f"it; to enable: {KERNEL_FIX[feature]})"))
+    return out
+
+
+def check_programs(caches: dict) -> list[Finding]:
+    from .backends import get
+
+    used = used_backends(caches) | {"none"}
+    out = []
+    for name in ("none", "bcache", "dm-cache", "lvmcache"):
+        programs = BASE_PROGRAMS if name == "none" else get(name).programs
+        missing = [p for p in dict.fromkeys(programs) if which(p) is None]
+        if not missing:
+            out.append(Finding("programs", OK, name, f"programs for backend {name} are installed"))
+            continue
+        packages = sorted({PACKAGES.get(p, p) for p in missing})
+        fix = f"apt-get install {' '.join(packages)}"
+        if name in used:
+            out.append(Finding("programs", PROBLEM, name,
+                               f"backend {name} is in use but {', '.join(missing)} "
+                               f"{'is' if len(missing) == 1 else 'are'} not installed", fix))
+        else:
+            out.append(Finding("programs", OK, name, f"backend {name} is not in use; it would "
+                               f"need {', '.join(missing)} ({fix})"))
+    return out
+
+
+def _fstab_lines(path: Path):
+    """(line number, device, mountpoint, options) of each entry in an fstab file."""
+    try:
+        text = path.read_text()
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return
+    for n, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if len(fields) >= 4 and not fields[0].startswith("#"):
+            mp = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+            yield n, fields[0], os.path.normpath(mp), fields[3].split(",")
+
+
+def check_nofail(caches: dict, opts: Options) -> list[Finding]:
+    """Every boot-time mount of a hotcache filesystem (or of a folder inside one) must
+    have `nofail`: otherwise a late or dead SSD drops the host into emergency mode."""
+    mounts = {os.path.normpath(mp): name for name, e in caches.items()
+              if (mp := e.get("filesystem", {}).get("mountpoint"))}
+    files = {opts.system_fstab}
+    for entry in caches.values():
+        recorded = entry.get("persist", {}).get("fstab")
+        if recorded:
+            files.add(Path(opts.fstab or recorded))
+    out = []
+    for path in sorted(files, key=str):
+        for n, device, mp, options in _fstab_lines(path):
+            owner = next((name for root, name in mounts.items()
+                          if mp == root or mp.startswith(root + "/")), None)
+            if owner is None:
+                continue
+            if "nofail" in options:
+                out.append(Finding("nofail", OK, f"{path}:{n}", f"{mp} ({owner}) mounts with nofail"))
+                continue
+            out.append(Finding(
+                "nofail", PROBLEM, f"{path}:{n}",
+                f"{path} line {n} mounts {device} on {mp} (cache {owner}) without nofail: "
+                "if the device is late or gone at boot, the host stops in emergency mode",
+                f"add nofail,x-systemd.device-timeout=30s to the options on line {n} of "
+                f"{path}" + (" (or run `hotcache apply SPEC`, which rewrites its own entry)"
+                             if fstab.read_entry(path, owner) is not None else "")))
+    return out
+
+
+def restore_installed(unit_dir: Path) -> list[str]:
+    """Unit files or udev rules that run `hotcache restore` at boot."""
+    candidates = [*glob.glob(str(unit_dir / "*.service"))]
+    for d in UDEV_RULE_DIRS:
+        candidates += glob.glob(os.path.join(d, "*hotcache*.rules"))
+    found = []
+    for path in candidates:
+        try:
+            if RESTORE_COMMAND.search(Path(path).read_text()):
+                found.append(path)
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
+    restorers = None
+    out = []
+    for name, entry in sorted(caches.items()):
+        backend = entry.get("backend")
+        if backend not in RESTORE_NEEDED:
+            continue
+        tunables = entry.get("tunables") or {}
+        if backend == "bcache" and not tunables:
+            continue  # cache_mode lives in the superblock: nothing to restore
+        if restorers is None:
+            restorers = restore_installed(unit_dir)
+        if restorers:
+            out.append(Finding("boot-restore", OK, name,
+                               f"{', '.join(restorers)} restores {name} at boot"))
+            continue
+        why = RESTORE_NEEDED[backend].format(what=", ".join(f"{k}={v}" for k, v in
+                                                            sorted(tunables.items())))
+        out.append(Finding(
+            "boot-restore", PROBLEM, name,
+            f"{name} ({backend}): {why}, and nothing in {unit_dir} or the udev rules runs "
+            "`hotcache restore` at boot",
+            "run `hotcache apply SPEC` again: it installs the unit that runs `hotcache "
+            "restore` before the mounts (then `systemctl enable` it if systemd is not "
+            "managing that folder)"))
+    return out
+
+
+def _drift_fix(name: str, problem: str) -> str:
+    if "device is missing" in problem:
+        return (f"reconnect the device (for a loop image: `losetup --find --show IMAGE`), "
+                f"then `hotcache apply SPEC`; if it is gone for good, `hotcache teardown {name}`")
+    if "apply did not finish" in problem or "without" in problem or "not mounted" in problem \
+            or "fstab" in problem:
+        return "`hotcache apply SPEC` (the same spec) puts it back as specified"
+    if "holds filesystem" in problem:
+        return ("another filesystem is mounted there: unmount it (`umount MOUNTPOINT`), then "
+                "`hotcache apply SPEC`")
+    return f"`hotcache status {name}` shows the details; `hotcache apply SPEC` repairs drift"
+
+
+def check_drift(rows: dict[str, dict]) -> list[Finding]:
+    out = []
+    for name, row in sorted(rows.items()):
+        if row["ok"]:
+            out.append(Finding("drift", OK, name, f"{name} matches the mapping"))
+        for problem in row["problems"]:
+            out.append(Finding("drift", PROBLEM, name, f"{name}: {problem}",
+                               _drift_fix(name, problem)))
+    return out
+
+
+def check_space_and_copies(caches: dict, rows: dict[str, dict], opts: Options) -> list[Finding]:
+    from .metrics import hot_copies
+
+    out = []
+    now = time.time()
+    max_age = opts.max_verify_age_days * 86400
+    for name, row in sorted(rows.items()):
+        if not row["mounted"] or not row["size_bytes"]:
+            continue
+        copies = hot_copies(caches[name], True)
+        free, size = row["free_bytes"], row["size_bytes"]
+        share = 100.0 * free / size
+        if share < opts.min_free_percent:
+            held = sum(c["bytes"] or 0 for c in copies)
+            out.append(Finding(
+                "free-space", PROBLEM, name,
+                f"{row['mountpoint']} ({name}) has {free / 2**20:.0f} MiB free of "
+                f"{size / 2**20:.0f} MiB ({share:.1f} %, below {opts.min_free_percent:g} %); "
+                f"{len(copies)} hot copies hold {held / 2**20:.0f} MiB: new copies and "
+                "re-copies will not fit",
+                "remove hot copies no longer used (`hotcache copies` lists them; delete the "
+                "folder), or move the cache to a bigger SSD"))
+        else:
+            out.append(Finding("free-space", OK, name, f"{row['mountpoint']}: {share:.0f} % free"))
+        for c in copies:
+            where = f"hot copy {c['name']} at {c['path']}"
+            if not c["present"]:
+                out.append(Finding("hot-copy", PROBLEM, c["path"],
+                                   f"{where} is recorded but missing or incomplete",
+                                   f"copy it again with `hotcache copy SRC {c['path']}`"))
+            elif not c["verify_ok"]:
+                out.append(Finding("hot-copy", PROBLEM, c["path"],
+                                   f"{where} failed its last verification: some files differ "
+                                   "from the manifest",
+                                   f"`hotcache verify {c['path']} --full` names the files; "
+                                   f"re-run `hotcache copy` to repair it"))
+            elif c["verified_at"] is None or now - c["verified_at"] > max_age:
+                age = "never" if c["verified_at"] is None else \
+                    f"{(now - c['verified_at']) / 86400:.0f} days ago"
+                out.append(Finding("hot-copy", WARNING, c["path"],
+                                   f"{where} was last verified {age} (limit "
+                                   f"{opts.max_verify_age_days:g} days)",
+                                   f"`hotcache verify {c['path']}`"))
+            else:
+                out.append(Finding("hot-copy", OK, c["path"], f"{where} verified"))
+    return out
+
+
+def report(findings: list[Finding]) -> dict:
+    problems = sum(f.severity == PROBLEM for f in findings)
+    return {"ok": problems == 0, "problems": problems,
+            "warnings": sum(f.severity == WARNING for f in findings),
+            "findings": [asdict(f) for f in findings]}

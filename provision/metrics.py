@@ -1,0 +1,335 @@
+"""Prometheus metrics for node_exporter's textfile collector, and the timer that refreshes
+them.
+
+node_exporter has no dm-cache, lvmcache or hot-copy collector, so `hotcache status
+--prometheus FILE` writes what `status` sees in the text exposition format, and a
+systemd timer runs it every minute. The file is replaced atomically
+(prometheus_client.write_to_textfile: temp file + rename), so node_exporter never
+reads half of it.
+
+Every number comes from provision/status.py rows and the hot copies' own metadata. A
+backend without statistics (`none`), or one whose statistics lack a key, simply has no
+sample for that metric: absent, never a made-up zero.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import time
+from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import CollectorRegistry
+
+from . import hotcopy_format, mapping
+
+DEFAULT_TEXTFILE = "/var/lib/prometheus/node-exporter/hotcache.prom"
+DEFAULT_UNIT_DIR = "/etc/systemd/system"
+UNIT = "hotcache-metrics"
+
+# Backend statistics keys (Backend.stats()) exported as plain gauges, with their help.
+STAT_GAUGES = {
+    "hit_ratio": ("cache_hit_ratio", "Share of cache lookups that hit, 0..1, as the backend reports it."),
+    "dirty_bytes": ("cache_dirty_bytes", "Bytes in the cache not yet written to the origin."),
+    "cache_used_bytes": ("cache_used_bytes", "Bytes of the cache device in use."),
+    "cache_total_bytes": ("cache_size_bytes", "Size of the cache device's data area in bytes."),
+}
+STAT_COUNTERS = {
+    "hits": ("cache_hits", "Cache read hits since the cache was started."),
+    "misses": ("cache_misses", "Cache read misses since the cache was started."),
+    "promotions": ("cache_promotions", "Blocks promoted to the cache since it was started."),
+}
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _timestamp(value) -> float | None:
+    """ISO 8601 text (what hotcache writes) or epoch seconds -> epoch seconds."""
+    number = _number(value)
+    if number is not None:
+        return number
+    if isinstance(value, str):
+        try:
+            when = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.timezone.utc)
+        return when.timestamp()
+    return None
+
+
+# --- hot copies ------------------------------------------------------------------------
+
+def hot_copies(entry: dict, mounted: bool) -> list[dict]:
+    """The hot copies on one cache: those its mapping entry records (`hot_copies`, a dict
+    or list of entries with a `path`/`dest`, or keyed by path), plus those found one or
+    two folders below its mountpoint. Numbers come from each copy's own metadata file;
+    a recorded copy that is gone is reported with present=False."""
+    found: dict[str, dict] = {}
+    recorded = entry.get("hot_copies") or {}
+    items = recorded.items() if isinstance(recorded, dict) else enumerate(recorded) \
+        if isinstance(recorded, list) else ()
+    for key, info in items:
+        info = info if isinstance(info, dict) else {}
+        path = info.get("path") or info.get("dest") or (key if isinstance(key, str) else None)
+        if isinstance(path, str) and os.path.isabs(path):
+            found[os.path.normpath(path)] = {"name": info.get("name") or
+                                             (key if not str(key).startswith("/") else None),
+                                             **info}
+    mp = entry.get("filesystem", {}).get("mountpoint")
+    if mounted and mp:
+        for path in _scan(Path(mp)):
+            found.setdefault(str(path), {})
+    return [_copy_row(path, info) for path, info in sorted(found.items())]
+
+
+def _scan(root: Path, depth: int = 2):
+    """Folders holding a hot-copy metadata file, at most `depth` levels below `root`;
+    a hot copy's own folders are not searched (they can hold millions of files)."""
+    try:
+        children = [e for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for child in children:
+        path = Path(child.path)
+        if (path / hotcopy_format.METADATA).is_file():
+            yield path
+        elif depth > 1 and not child.name.endswith(hotcopy_format.STAGING_SUFFIX):
+            yield from _scan(path, depth - 1)
+
+
+def _copy_row(path: str, info: dict) -> dict:
+    meta = hotcopy_format.read_metadata(Path(path))
+    src = meta if meta is not None else info
+    verified = _timestamp(src.get("verified_at")) or _timestamp(src.get("copied_at"))
+    if meta is None:
+        ok = False  # recorded but missing or incomplete: nothing there can be trusted
+    else:
+        # A copy is published only after its hashes matched, so no verify_ok yet = ok.
+        ok = meta.get("verify_ok", True) is not False
+    return {
+        "path": path,
+        "name": str(src.get("name") or info.get("name") or os.path.basename(path)),
+        "version": src.get("version"),
+        "present": meta is not None,
+        "files": _number(src.get("files")),
+        "bytes": _number(src.get("bytes")),
+        "verified_at": verified,
+        "verify_ok": ok,
+    }
+
+
+# --- the metrics -----------------------------------------------------------------------
+
+class StatusCollector:
+    """Turns status rows (provision/status.py) into metric families."""
+
+    def __init__(self, rows: list[dict], entries: dict, now: float | None = None):
+        self.rows, self.entries = rows, entries
+        self.now = time.time() if now is None else now
+
+    def describe(self):
+        return []  # no fixed description: families depend on what the backends report
+
+    def collect(self):
+        g = _Families()
+        g.gauge("caches", "Caches recorded in the hotcache mapping.", []).add_metric([], len(self.rows))
+        g.gauge("metrics_refresh_timestamp_seconds",
+                "When these metrics were written (Unix time).", []).add_metric([], self.now)
+        for row in self.rows:
+            self._cache(g, row)
+        return g.all()
+
+    def _cache(self, g: "_Families", row: dict) -> None:
+        name = row["name"]
+        stats = row.get("cache") or {}
+        mp = row.get("mountpoint") or ""
+        devices = row.get("devices") or {}
+        up = row.get("state") == "ready" and bool(devices) and all(
+            d.get("present") for d in devices.values())
+        g.info("cache", "What each cache is: backend, mode, state, mountpoint.",
+               ["cache"]).add_metric([name], {
+                   "backend": str(row.get("backend") or ""),
+                   "mode": str(stats.get("mode") or row.get("mode") or ""),
+                   "state": str(row.get("state") or ""),
+                   "mountpoint": mp,
+                   "policy": str(stats.get("policy") or "")})
+        g.gauge("cache_up", "1 when every device of the cache is present and its build is "
+                "complete, else 0.", ["cache"]).add_metric([name], int(up))
+        g.gauge("cache_ok", "1 when `hotcache status` finds no problem with the cache, else 0.",
+                ["cache"]).add_metric([name], int(bool(row.get("ok"))))
+        g.gauge("cache_problems", "Problems `hotcache status` reports for the cache.",
+                ["cache"]).add_metric([name], len(row.get("problems") or []))
+        g.gauge("cache_mounted", "1 when the cache's filesystem is mounted where the mapping "
+                "says, else 0.", ["cache", "mountpoint"]).add_metric([name, mp],
+                                                                   int(bool(row.get("mounted"))))
+        for role, dev in sorted(devices.items()):
+            g.gauge("cache_device_present", "1 when the device (origin or cache) is there, "
+                    "else 0.", ["cache", "role"]).add_metric([name, role],
+                                                             int(bool(dev.get("present"))))
+        for key, (metric, help_) in STAT_COUNTERS.items():
+            value = _number(stats.get(key))
+            if value is not None:
+                g.counter(metric, help_, ["cache"]).add_metric([name], value)
+        for key, (metric, help_) in STAT_GAUGES.items():
+            value = _number(stats.get(key))
+            if value is not None:
+                g.gauge(metric, help_, ["cache"]).add_metric([name], value)
+        for key, help_ in (("size_bytes", "Size of the filesystem on the cache in bytes."),
+                           ("free_bytes", "Bytes of the filesystem on the cache available "
+                                          "to new files."),
+                           ("used_bytes", "Bytes of the filesystem on the cache in use.")):
+            value = _number(row.get(key))
+            if value is not None:
+                g.gauge(f"filesystem_{key}", help_, ["cache", "mountpoint"]).add_metric(
+                    [name, mp], value)
+        entry = self.entries.get(name) or {}
+        for copy in hot_copies(entry, bool(row.get("mounted"))):
+            self._copy(g, name, copy)
+
+    def _copy(self, g: "_Families", cache: str, copy: dict) -> None:
+        labels = ["cache", "copy", "path"]
+        values = [cache, copy["name"], copy["path"]]
+        g.gauge("hot_copy_present", "1 when the hot copy is there and complete, else 0.",
+                labels).add_metric(values, int(copy["present"]))
+        g.gauge("hot_copy_verify_ok", "1 when the hot copy's last verification passed, else 0.",
+                labels).add_metric(values, int(copy["verify_ok"]))
+        for key, metric, help_ in (("files", "hot_copy_files", "Files in the hot copy."),
+                                   ("bytes", "hot_copy_bytes", "Bytes in the hot copy.")):
+            if copy[key] is not None:
+                g.gauge(metric, help_, labels).add_metric(values, copy[key])
+        if copy["verified_at"] is not None:
+            g.gauge("hot_copy_verified_timestamp_seconds", "When the hot copy was last "
+                    "verified (Unix time).", labels).add_metric(values, copy["verified_at"])
+            g.gauge("hot_copy_verification_age_seconds", "Seconds since the hot copy was last "
+                    "verified, when these metrics were written.", labels).add_metric(
+                        values, max(0.0, self.now - copy["verified_at"]))
+
+
+class _Families:
+    """One family per metric name, created on first use, all prefixed `hotcache_`."""
+
+    def __init__(self):
+        self._by_name: dict[str, object] = {}
+
+    def _get(self, cls, name: str, help_: str, labels: list[str]):
+        full = f"hotcache_{name}"
+        if full not in self._by_name:
+            self._by_name[full] = cls(full, help_, labels=labels)
+        return self._by_name[full]
+
+    def gauge(self, name, help_, labels):
+        return self._get(GaugeMetricFamily, name, help_, labels)
+
+    def counter(self, name, help_, labels):
+        return self._get(CounterMetricFamily, name, help_, labels)
+
+    def info(self, name, help_, labels):
+        return self._get(InfoMetricFamily, name, help_, labels)
+
+    def all(self):
+        return list(self._by_name.values())
+
+
+def registry_for(rows: list[dict], state: Path, now: float | None = None) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(StatusCollector(rows, mapping.load(state)["caches"], now))
+    return reg
+
+
+def write_textfile(path: str | os.PathLike, rows: list[dict], state: Path) -> None:
+    """Write the metrics to `path` atomically (temp file in the same folder, then rename)."""
+    from prometheus_client import write_to_textfile
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_to_textfile(str(path), registry_for(rows, state))
+
+
+# --- the systemd timer -----------------------------------------------------------------
+
+def timer_units(hotcache: str, textfile: str, interval: str, environment: dict[str, str]) -> dict[str, str]:
+    """The service and timer that refresh the metrics file, by file name."""
+    from .errors import UsageError
+
+    for what, value in (("hotcache program", hotcache), ("metrics file", textfile),
+                        *environment.items()):
+        if not value or any(c.isspace() or c in "\"'\\%$" for c in value):
+            raise UsageError(f"{what} {value!r} cannot go into a systemd unit as it is",
+                             hint="use a path without spaces, quotes, %, $ or backslashes")
+    if not re.fullmatch(r"(\d+\s*(us|ms|s|sec|m|min|h|d|w)?\s*)+", interval):
+        raise UsageError(f"interval {interval!r} is not a systemd time span",
+                         hint="write it like 30s, 1min, 5min or 1h")
+    env = "".join(f"Environment={k}={v}\n" for k, v in sorted(environment.items()))
+    service = (
+        "[Unit]\n"
+        "Description=Refresh hotcache metrics for the node_exporter textfile collector\n"
+        "After=local-fs.target\n\n"
+        "[Service]\n"
+        "Type=oneshot\n"
+        f"{env}"
+        f"ExecStart={hotcache} status --prometheus {textfile}\n"
+        "# status exits 5 when a cache has drifted: the file is still written, and the\n"
+        "# alert rules report the drift.\n"
+        "SuccessExitStatus=5\n"
+        "Nice=10\n"
+        "IOSchedulingClass=idle\n"
+    )
+    timer = (
+        "[Unit]\n"
+        f"Description=Refresh hotcache metrics every {interval}\n\n"
+        "[Timer]\n"
+        f"OnBootSec={interval}\n"
+        f"OnUnitActiveSec={interval}\n"
+        "AccuracySec=5s\n\n"
+        "[Install]\n"
+        "WantedBy=timers.target\n"
+    )
+    return {f"{UNIT}.service": service, f"{UNIT}.timer": timer}
+
+
+def install_timer(unit_dir: Path, units: dict[str, str] | None, runner, *,
+                  check: bool = False) -> dict:
+    """Write (or with units=None remove) the units; with systemd running and the real unit
+    folder, also reload systemd and enable (or disable) the timer. Idempotent: reports
+    `changed` only when a file was written or removed. check=True changes nothing."""
+    from .atomic import write_atomic
+
+    names = [f"{UNIT}.service", f"{UNIT}.timer"]
+    changed: list[str] = []
+    for fname in names:
+        path = unit_dir / fname
+        want = None if units is None else units[fname]
+        have = path.read_text() if path.is_file() else None
+        if have == want:
+            continue
+        changed.append(str(path))
+        if check:
+            continue
+        if want is None:
+            path.unlink()
+        else:
+            write_atomic(path, want)
+    live = Path("/run/systemd/system").is_dir() and \
+        os.path.realpath(unit_dir) == os.path.realpath(DEFAULT_UNIT_DIR)
+    notes = []
+    if changed and not check and live:
+        if units is None:
+            runner.run(["systemctl", "disable", "--now", f"{UNIT}.timer"], check=False)
+        runner.run(["systemctl", "daemon-reload"])
+        if units is not None:
+            runner.run(["systemctl", "enable", "--now", f"{UNIT}.timer"])
+    elif not live:
+        notes.append(f"systemd is not managing {unit_dir} here, so the timer was not "
+                     "enabled; `systemctl enable --now hotcache-metrics.timer` does it")
+    return {"changed": bool(changed), "files": changed, "enabled": live and units is not None,
+            "unit_dir": str(unit_dir), "notes": notes, "check": check}
