@@ -1,7 +1,202 @@
-"""CLI commands for hot copies (copy, verify, warm, copies): registered on the main app."""
+"""CLI commands for hot copies (copy, verify, warm, copies): registered on the main app.
+Parsing and presentation only; the work is in copier.py, verify.py, warm.py, copies.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+JsonOpt = typer.Option(False, "--json", help="Print a JSON summary instead of text.")
+StateOpt = typer.Option(None, "--state", envvar="HOTCACHE_STATE", show_envvar=True,
+                        help="Mapping file [default: /etc/hotcache/mappings.yaml].")
+JobsOpt = typer.Option(0, "--jobs", "-j", min=0,
+                       help="Parallel reader threads [default: 4 per CPU, at most 16].")
+
+
+def _meter(as_json: bool):
+    from .meter import for_terminal
+    return for_terminal(quiet=as_json)
+
+
+def _out():
+    from .cli import console, emit
+    return console(), emit
+
+
+def copy(
+    src: Path = typer.Argument(..., help="The dataset folder to copy from (e.g. on the HDD array)."),
+    dest: Path = typer.Argument(..., help="The hot copy to make or refresh (e.g. on the SSD mount)."),
+    include: List[str] = typer.Option([], "--include", "-i", metavar="GLOB",
+                                      help="Copy only matching files; repeatable. A glob with "
+                                           "'/' matches the path under SRC, one without "
+                                           "matches any file or folder name."),
+    exclude: List[str] = typer.Option([], "--exclude", "-x", metavar="GLOB",
+                                      help="Leave matching files out; repeatable."),
+    list_file: Optional[Path] = typer.Option(None, "--list", metavar="FILE",
+                                             help="Copy the files (or folders) listed, one "
+                                                  "path relative to SRC a line."),
+    fraction: Optional[float] = typer.Option(None, "--fraction", metavar="F",
+                                             help="Copy a deterministic sample: this share "
+                                                  "of each top-level folder (class)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the --fraction sample."),
+    name: Optional[str] = typer.Option(None, "--name", help="Dataset name [default: SRC's name]."),
+    version: Optional[str] = typer.Option(None, "--version",
+                                          help="Version label [default: previous + 1, or 1]."),
+    jobs: int = JobsOpt,
+    owner: Optional[str] = typer.Option(None, "--owner", metavar="USER:GROUP",
+                                        help="Give the copy to this user (root only)."),
+    mode: Optional[str] = typer.Option(None, "--mode", metavar="OCTAL",
+                                       help="File permissions, e.g. 0644 (folders get x "
+                                            "where r is set) [default: as in SRC]."),
+    checksum: bool = typer.Option(False, "--checksum",
+                                  help="On refresh, compare files by sha256 instead of size "
+                                       "and modification time."),
+    margin: float = typer.Option(0.2, "--margin",
+                                 help="Free space required beyond the bytes to copy (0.2 = 20%)."),
+    no_space_check: bool = typer.Option(False, "--no-space-check",
+                                        help="Skip the free-space check (a full filesystem "
+                                             "still fails cleanly)."),
+    bwlimit: Optional[str] = typer.Option(None, "--bwlimit", metavar="RATE",
+                                          help="Read at most RATE bytes/s from SRC, e.g. 200M, "
+                                               "to spare an array that training also reads."),
+    as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+):
+    """Copy (part of) a dataset to the fast tier as a verified hot copy.
+
+    Files are hashed while they are copied, into a staging folder next to DEST, made
+    durable, then published with one rename: DEST/SHA256SUMS (check it with `cd DEST &&
+    sha256sum -c SHA256SUMS`) and DEST/.hotcache-copy.json. An interrupted copy resumes
+    where it stopped; run again after SRC changed and only new or changed files are
+    copied, then the new version replaces the old one in one step.
+
+    Example: hotcache copy /data/imagenet/val /mnt/hot/imagenet-val --fraction 0.1 --seed 1
+    """
+    from .copier import CopyOptions, copy as do_copy, parse_rate
+
+    opts = CopyOptions(include=list(include), exclude=list(exclude), list_file=list_file,
+                       fraction=fraction, seed=seed, name=name, version=version, jobs=jobs,
+                       owner=owner, mode=mode, checksum=checksum, margin=margin,
+                       space_check=not no_space_check, bwlimit=parse_rate(bwlimit),
+                       state=state)
+    meter = _meter(as_json)
+    try:
+        result = do_copy(src, dest, opts, meter)
+    finally:
+        meter.stop()
+    c, emit = _out()
+    if as_json:
+        return emit(result)
+    from .units import size
+
+    if not result["changed"]:
+        return c.print(f"{dest}: up to date ({result['name']} version {result['version']}, "
+                       f"{result['files']} files, {size(result['bytes'])})")
+    c.print(f"[green]published[/] {dest}: {result['name']} version {result['version']}, "
+            f"{result['files']} files, {size(result['bytes'])}")
+    c.print(f"  copied {result['copied_files']} files ({size(result['copied_bytes'])}), "
+            f"kept {result['reused_files']} unchanged, resumed {result['resumed_files']}")
+    c.print(f"  check it: cd {dest} && sha256sum -c --quiet SHA256SUMS")
+
+
+def verify(
+    dest: Path = typer.Argument(..., help="A hot copy."),
+    fast: bool = typer.Option(False, "--fast", help="Counts, sizes, nothing missing or extra "
+                                                    "(the default)."),
+    sample: Optional[int] = typer.Option(None, "--sample", metavar="N",
+                                         help="Also hash N files picked at random."),
+    full: bool = typer.Option(False, "--full", help="Also hash every file."),
+    jobs: int = JobsOpt, as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+):
+    """Check a hot copy against its manifest; print each mismatch by path. Exits 5 when
+    anything differs, and records the result (verified_at, verify_ok) in the copy."""
+    from .errors import DriftError, ExitCode, UsageError
+    from .verify import verify as do_verify
+
+    if sum([fast, sample is not None, full]) > 1:
+        raise UsageError("give one of --fast, --sample N, --full")
+    mode = "full" if full else "sample" if sample is not None else "fast"
+    meter = _meter(as_json)
+    try:
+        report = do_verify(dest, mode, sample or 0, jobs, meter, state)
+    finally:
+        meter.stop()
+    c, emit = _out()
+    if as_json:
+        emit(report)
+        if not report["ok"]:
+            raise typer.Exit(ExitCode.DRIFT)
+        return
+    for p in report["problems"]:
+        c.print(f"[red]MISMATCH[/] {p['path']}: {p['problem']}", soft_wrap=True)
+    if not report["ok"]:
+        raise DriftError(f"{dest}: {len(report['problems'])} problems found ({mode} check)",
+                         hint=f"run `hotcache copy SRC {dest}` again: it copies "
+                                "the damaged files afresh and publishes a new version")
+    c.print(f"[green]ok[/] {dest}: {report['files']} files, {report['hashed_files']} hashed "
+            f"({mode})")
+
+
+def warm(
+    path: Path = typer.Argument(..., help="A hot copy or any folder to read."),
+    max_passes: int = typer.Option(8, "--max-passes", min=1,
+                                   help="dm-cache/lvmcache: most passes to read."),
+    jobs: int = JobsOpt, as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+):
+    """Read every file (in parallel) so that training finds it cached. With a hotcache
+    block cache behind PATH, passes reach the device and the hit ratio and cache use
+    are shown before and after; dm-cache and lvmcache are read again until they stop
+    promoting."""
+    from .warm import warm as do_warm
+
+    meter = _meter(as_json)
+    try:
+        report = do_warm(path, jobs=jobs, max_passes=max_passes, state=state, meter=meter)
+    finally:
+        meter.stop()
+    c, emit = _out()
+    if as_json:
+        return emit(report)
+    from .units import size
+
+    last = report["passes"][-1]
+    c.print(f"warmed {path}: {report['files']} files, {size(report['bytes'])}, "
+            f"{len(report['passes'])} pass(es), last {last['mib_per_s']} MiB/s "
+            f"({report['backend']}: {report['stopped']})")
+    for label, st in (("before", report["before"]), ("after", report["after"])):
+        if st:
+            c.print(f"  {label}: hit ratio {st.get('hit_ratio')}, cache used "
+                    f"{size(st.get('cache_used_bytes'))} of {size(st.get('cache_total_bytes'))}")
+
+
+def copies(
+    roots: List[Path] = typer.Argument(None, help="Folders to look in as well (e.g. the SSD "
+                                                  "mount) [default: only the mapping]."),
+    as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+):
+    """List hot copies: name, version, path, files, bytes, last verified and state."""
+    from .copies import find
+
+    import os
+
+    rows = find([Path(os.path.abspath(r)) for r in roots or []], state)
+    c, emit = _out()
+    if as_json:
+        return emit({"copies": rows})
+    if not rows:
+        return c.print("no hot copies found; `hotcache copy SRC DEST` makes one")
+    from rich.table import Table
+
+    from .units import size
+
+    table = Table("name", "version", "path", "files", "bytes", "last verified", "state")
+    for r in rows:
+        table.add_row(r["name"] or "-", r["version"] or "-", r["path"], str(r["files"] or "-"),
+                      size(r["bytes"]), r["verified_at"] or "never", r["state"])
+    c.print(table)
+
 
 def register(app) -> None:
-    pass
+    for command in (copy, verify, warm, copies):
+        app.command()(command)

@@ -1,0 +1,634 @@
+"""`hotcache copy`: a verified hot copy of (part of) a dataset, published in one step.
+
+How a copy runs:
+1. choose the files (selection.py) and sort each into: reuse (a refresh finds it
+   unchanged in the published copy: hard-linked, no data moved), resume (an interrupted
+   run already copied and journaled it), or copy;
+2. refuse up front when DEST's filesystem lacks the bytes to copy plus a margin;
+3. copy in parallel threads into the staging folder next to DEST, hashing each chunk as
+   it is read (each source byte is read once; hashlib and os.read release the GIL);
+4. every few seconds (or 256 MiB), syncfs(2) the staging filesystem and only then append
+   the finished files to the staging journal: a journaled file is on stable storage, so a
+   run killed at any point resumes from the journal without copying those files again;
+5. write SHA256SUMS and the metadata, syncfs, and publish: rename onto DEST, or for a
+   refresh swap the new tree with the old one in one renameat2(RENAME_EXCHANGE) and then
+   remove the old tree. A reader sees the old version or the new one, never a mixture.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import stat
+import threading
+import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__, fsops, manifest
+from .atomic import write_atomic
+from .errors import HotcacheError, RefusedError, UsageError
+from .hotcopy_format import FORMAT, MANIFEST, METADATA, read_metadata, staging_dir
+from .mapping import now
+from .meter import NullMeter
+from .selection import Entry, select
+
+HEADER = ".hotcache-staging.json"   # in the staging folder: which copy it belongs to
+JOURNAL = ".hotcache-journal"       # in the staging folder: files safely on disk
+CHUNK = 1 << 20
+CHECKPOINT_BYTES = 256 << 20
+CHECKPOINT_SECONDS = 2.0
+
+
+def default_jobs() -> int:
+    """Enough threads to keep a disk array and the hashing busy, not so many that an HDD
+    seeks itself to death."""
+    return min(16, 4 * (os.cpu_count() or 1))
+
+
+@dataclass
+class CopyOptions:
+    include: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    list_file: Path | None = None
+    fraction: float | None = None
+    seed: int = 0
+    name: str | None = None
+    version: str | None = None
+    jobs: int = 0
+    owner: str | None = None
+    mode: str | None = None
+    checksum: bool = False
+    margin: float = 0.2
+    space_check: bool = True
+    bwlimit: int | None = None      # bytes/s read from the source, None: unlimited
+    state: Path | None = None       # the mapping, to record copies on managed mounts
+
+
+# ---------------------------------------------------------------- checking the inputs
+
+def check_paths(src: Path, dest: Path) -> tuple[Path, Path]:
+    src = Path(src)
+    if not src.exists():
+        raise UsageError(f"source {src} does not exist", hint="check the path and retry")
+    if not src.is_dir():
+        raise UsageError(f"source {src} is not a folder", hint="SRC is a dataset folder")
+    src = src.resolve()
+    dest = Path(os.path.abspath(dest))
+    if dest.is_symlink():
+        raise UsageError(f"destination {dest} is a symlink; give the real folder",
+                         hint=f"use {dest.resolve()}")
+    real_dest = dest.parent.resolve() / dest.name if dest.parent.exists() else dest
+    if real_dest == src or real_dest.is_relative_to(src):
+        raise UsageError(f"destination {dest} is inside the source {src}",
+                         hint="choose a DEST outside SRC, e.g. on the SSD mount")
+    if src.is_relative_to(real_dest):
+        raise UsageError(f"source {src} is inside the destination {dest}")
+    if dest.exists() and not dest.is_dir():
+        raise UsageError(f"destination {dest} exists and is not a folder")
+    if dest.is_dir() and read_metadata(dest) is None and any(dest.iterdir()):
+        raise RefusedError(f"destination {dest} exists, is not empty and is not a hot copy; "
+                           "hotcache does not overwrite it",
+                           hint="choose a new DEST, or empty that folder yourself")
+    return src, dest
+
+
+def parse_owner(owner: str | None) -> tuple[int, int] | None:
+    if owner is None:
+        return None
+    user, sep, group = owner.partition(":")
+    try:
+        uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
+        if not sep or not group:
+            gid = pwd.getpwuid(uid).pw_gid
+        else:
+            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise UsageError(f"--owner {owner}: no such user or group on this host",
+                         hint="give user:group as names or numbers, e.g. --owner train:train") from None
+    if os.geteuid() != 0 and uid != os.geteuid():
+        raise UsageError(f"--owner {owner}: only root can give files to another user",
+                         hint="run as root, or leave --owner out")
+    return uid, gid
+
+
+def parse_mode(mode: str | None) -> int | None:
+    if mode is None:
+        return None
+    try:
+        value = int(mode, 8)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 0o7777:
+        raise UsageError(f"--mode {mode}: give octal permission bits for the files, e.g. 0644",
+                         hint="folders get the same bits plus x wherever r is set")
+    return value
+
+
+def dir_mode(file_mode: int) -> int:
+    return file_mode | ((file_mode & 0o444) >> 2)
+
+
+def parse_rate(text: str | None) -> int | None:
+    """'50M' -> 52428800 bytes/s (K, M, G are powers of 1024)."""
+    if text is None:
+        return None
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except (ValueError, KeyError):
+        value = 0
+    if value <= 0:
+        raise UsageError(f"--bwlimit {text}: give bytes per second, e.g. 200M")
+    return int(value)
+
+
+# ---------------------------------------------------------------- the staging folder
+
+class Staging:
+    """The staging folder of one DEST: locked while a copy uses it, with a header that
+    names its source and a journal of files known to be on stable storage."""
+
+    def __init__(self, dest: Path):
+        self.path = staging_dir(dest)
+        self._fd: int | None = None
+        self._journal = None
+
+    def lock(self) -> None:
+        import fcntl
+
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise RefusedError(f"another hotcache copy is writing {self.path}",
+                               hint="wait for it to finish") from None
+
+    def unlock(self) -> None:
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def source(self) -> str | None:
+        try:
+            return json.loads((self.path / HEADER).read_text()).get("source")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def journaled(self) -> dict[str, tuple[int, int, str]]:
+        """{rel: (size, mtime_ns, sha256)} of files an earlier run finished."""
+        done = {}
+        try:
+            text = (self.path / JOURNAL).read_text()
+        except FileNotFoundError:
+            return done
+        for line in text.splitlines():
+            try:
+                rel, size, mtime_ns, digest = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by a kill: that file is simply copied again
+            done[rel] = (size, mtime_ns, digest)
+        return done
+
+    def create(self, src: Path) -> None:
+        self.path.mkdir(mode=0o700, exist_ok=True)
+        self.lock()
+        write_atomic(self.path / HEADER, json.dumps({"source": str(src)}))
+
+    def prune(self, keep: set[str]) -> None:
+        """Remove what an earlier run left that is neither journaled nor wanted now."""
+        for dirpath, dirnames, filenames in os.walk(self.path, topdown=False):
+            top = Path(dirpath)
+            for name in filenames:
+                rel = (top / name).relative_to(self.path).as_posix()
+                if rel not in keep and rel not in (HEADER, JOURNAL):
+                    os.unlink(top / name)
+            if top != self.path and not any(top.iterdir()):
+                top.rmdir()
+
+    def append(self, done: list[tuple[str, int, int, str]]) -> None:
+        if self._journal is None:
+            self._journal = open(self.path / JOURNAL, "a")
+        self._journal.write("".join(json.dumps(list(d)) + "\n" for d in done))
+        self._journal.flush()
+
+    def remove(self) -> None:
+        self.unlock()
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- copying one file
+
+class _Limiter:
+    """A shared byte-rate limit across all threads (rsync's --bwlimit)."""
+
+    def __init__(self, rate: int):
+        self.rate = rate
+        self.lock = threading.Lock()
+        self.next = time.monotonic()
+
+    def take(self, n: int) -> None:
+        with self.lock:
+            now_ = time.monotonic()
+            start = max(self.next, now_)
+            self.next = start + n / self.rate
+        if start > now_:
+            time.sleep(start - now_)
+
+
+class _Changed(Exception):
+    pass
+
+
+@dataclass
+class _Job:
+    src: Path
+    staging: Path
+    dest: Path
+    mode: int | None
+    owner: tuple[int, int] | None
+    limiter: _Limiter | None
+    meter: NullMeter
+    stop: threading.Event
+    local: threading.local = field(default_factory=threading.local)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    recopied: int = 0       # --checksum found these changed
+
+    def buffer(self) -> memoryview:
+        buf = getattr(self.local, "buf", None)
+        if buf is None:
+            buf = self.local.buf = memoryview(bytearray(CHUNK))
+        return buf
+
+    def open_source(self, rel: str) -> int:
+        path = self.src / rel
+        if path.is_symlink():
+            path = path.resolve()
+            if not path.is_relative_to(self.src):
+                raise HotcacheError(f"{self.src / rel} became a symlink out of the source "
+                                    "while copying; run again")
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+    def hash_source(self, e: Entry) -> str:
+        h = hashlib.sha256()
+        fd = self.open_source(e.rel)
+        try:
+            buf = self.buffer()
+            while n := os.readv(fd, [buf]):
+                h.update(buf[:n])
+        finally:
+            os.close(fd)
+        return h.hexdigest()
+
+    def copy(self, e: Entry) -> tuple[str, int, int, str]:
+        for _ in range(3):
+            try:
+                return self._copy_once(e)
+            except _Changed:
+                continue
+        raise HotcacheError(f"{self.src / e.rel} kept changing while it was copied",
+                            hint="copy when nothing writes to the source, or exclude that file")
+
+    def _copy_once(self, e: Entry) -> tuple[str, int, int, str]:
+        target = self.staging / e.rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        sfd = self.open_source(e.rel)
+        try:
+            st = os.fstat(sfd)
+            if not stat.S_ISREG(st.st_mode):
+                raise HotcacheError(f"{self.src / e.rel} is no longer a regular file")
+            dfd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                          | os.O_CLOEXEC, 0o600)
+            try:
+                h = hashlib.sha256()
+                buf = self.buffer()
+                total = 0
+                while n := os.readv(sfd, [buf]):
+                    if self.stop.is_set():
+                        raise InterruptedError("stopped")
+                    if self.limiter:
+                        self.limiter.take(n)
+                    view = buf[:n]
+                    h.update(view)
+                    while view:
+                        view = view[os.write(dfd, view):]
+                    total += n
+                    self.meter.advance(n)
+                after = os.fstat(sfd)
+                if total != after.st_size or after.st_mtime_ns != st.st_mtime_ns:
+                    self.meter.advance(-total)
+                    raise _Changed()
+                self._finish(dfd, st)
+            finally:
+                os.close(dfd)
+        finally:
+            os.close(sfd)
+        return e.rel, st.st_size, st.st_mtime_ns, h.hexdigest()
+
+    def _finish(self, fd: int, st: os.stat_result) -> None:
+        os.fchmod(fd, self.mode if self.mode is not None else stat.S_IMODE(st.st_mode))
+        if self.owner:
+            os.fchown(fd, *self.owner)
+        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    def link(self, e: Entry, digest: str) -> tuple[str, int, int, str]:
+        """Take an unchanged file from the published copy: a hard link, no data moved."""
+        target = self.staging / e.rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.unlink(missing_ok=True)
+        try:
+            os.link(self.dest / e.rel, target, follow_symlinks=False)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOENT):
+                raise
+            return self.copy(e)
+        if self.mode is not None:
+            os.chmod(target, self.mode)
+        if self.owner:
+            os.chown(target, *self.owner)
+        self.meter.advance(e.size)
+        return e.rel, e.size, e.mtime_ns, digest
+
+    def check(self, e: Entry, digest: str) -> tuple[str, int, int, str]:
+        """--checksum: hash the source; link when it matches the published copy."""
+        if self.hash_source(e) == digest:
+            return self.link(e, digest)
+        with self.lock:
+            self.recopied += 1
+        return self.copy(e)
+
+
+# ---------------------------------------------------------------- the whole copy
+
+@dataclass
+class Plan:
+    entries: list[Entry]
+    copy: list[Entry]
+    link: dict[str, str]        # rel -> digest, unchanged in the published copy
+    check: dict[str, str]       # rel -> digest, --checksum decides
+    resumed: dict[str, str]     # rel -> digest, journaled by an earlier run
+    old: dict | None
+    old_digests: dict[str, str]
+
+    @property
+    def copy_bytes(self) -> int:
+        by_rel = {e.rel: e for e in self.entries}
+        return sum(e.size for e in self.copy) + sum(by_rel[r].size for r in self.check)
+
+
+def make_plan(entries: list[Entry], dest: Path, journal: dict, checksum: bool) -> Plan:
+    old = read_metadata(dest) if dest.is_dir() else None
+    old_digests = manifest.read(dest / MANIFEST) if old else {}
+    plan = Plan(entries, [], {}, {}, {}, old, old_digests)
+    failed = set((old or {}).get("verify_failed") or ())
+    for e in entries:
+        done = journal.get(e.rel)
+        if done and done[:2] == (e.size, e.mtime_ns):
+            plan.resumed[e.rel] = done[2]
+        elif e.rel in failed:
+            plan.copy.append(e)   # `hotcache verify` found it damaged: copy it afresh
+        elif e.rel in old_digests and checksum:
+            plan.check[e.rel] = old_digests[e.rel]
+        elif e.rel in old_digests and _unchanged(dest / e.rel, e):
+            plan.link[e.rel] = old_digests[e.rel]
+        else:
+            plan.copy.append(e)
+    return plan
+
+
+def _unchanged(published: Path, e: Entry) -> bool:
+    try:
+        st = os.lstat(published)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_size == e.size and st.st_mtime_ns == e.mtime_ns
+
+
+def check_space(dest: Path, need: int, margin: float) -> None:
+    st = os.statvfs(dest.parent)
+    free = st.f_bavail * st.f_frsize
+    want = int(need * (1 + margin))
+    if free < want:
+        from .units import size
+
+        raise RefusedError(
+            f"not enough space for the copy on the filesystem of {dest.parent}: it needs "
+            f"{size(want)} ({size(need)} to copy + {margin:.0%} margin, {want} bytes) but "
+            f"has {size(free)} free ({free} bytes)",
+            hint="free some space, copy a smaller subset (--fraction, --include), or "
+                 "choose another DEST")
+
+
+def next_version(old: dict | None) -> str:
+    prev = str((old or {}).get("version", "0"))
+    return str(int(prev) + 1) if prev.isdigit() else f"{prev}+1"
+
+
+def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = None) -> dict:
+    """Make (or refresh) the hot copy of `src` at `dest`; returns a summary."""
+    meter = meter or NullMeter()
+    src, dest = check_paths(src, dest)
+    owner, mode = parse_owner(opts.owner), parse_mode(opts.mode)
+    if opts.margin < 0:
+        raise UsageError(f"--margin {opts.margin}: must be 0 or more (0.2 means 20%)")
+    if not dest.parent.is_dir():
+        raise UsageError(f"the folder {dest.parent} that should hold {dest.name} does not exist",
+                         hint=f"mkdir -p {dest.parent}")
+    sel = select(src, include=opts.include, exclude=opts.exclude, list_file=opts.list_file,
+                 fraction=opts.fraction, seed=opts.seed)
+    for w in sel.warnings:
+        meter.note(f"warning: {w}")
+    if not sel.entries:
+        raise UsageError(f"no files of {src} were selected",
+                         hint="check --include/--exclude/--list/--fraction")
+    staging = Staging(dest)
+    journal: dict = {}
+    if staging.path.is_dir():
+        staging.lock()
+        if staging.source() not in (None, str(src)):
+            staging.unlock()
+            raise RefusedError(f"{staging.path} holds an unfinished copy of another source "
+                               f"({staging.source()})",
+                               hint=f"finish that copy, or remove {staging.path}")
+        journal = staging.journaled() if staging.source() else {}
+    plan = make_plan(sel.entries, dest, journal, opts.checksum)
+    old = plan.old
+    name = opts.name or (old or {}).get("name") or src.name
+    summary = {"source": str(src), "dest": str(dest), "name": name,
+               "files": len(sel.entries), "bytes": sel.bytes, "copied_files": len(plan.copy),
+               "copied_bytes": sum(e.size for e in plan.copy), "reused_files": len(plan.link),
+               "resumed_files": len(plan.resumed), "checked_files": len(plan.check),
+               "skipped": sel.warnings}
+    if _same(plan, opts, name) and not plan.check and opts.version in (None, old["version"]):
+        staging.unlock()
+        return {**summary, "version": old["version"], "changed": False}
+    if opts.space_check:
+        check_space(dest, plan.copy_bytes, opts.margin)
+
+    staging.unlock()
+    existed = staging.path.is_dir()
+    staging.create(src)
+    try:
+        if existed:
+            staging.prune(set(plan.resumed))
+        digests, recopied = _run(src, dest, staging, plan, opts, owner, mode, meter)
+        summary["copied_files"] += recopied
+        if _same(plan, opts, name) and not recopied and opts.version in (None, old["version"]):
+            staging.remove()   # --checksum found nothing new: keep what is published
+            return {**summary, "version": old["version"], "changed": False}
+        version = opts.version or next_version(old)
+        meta = _finish(staging, src, dest, digests, sel, opts, name, version, old, mode, owner)
+    except BaseException:
+        staging.unlock()
+        raise
+    staging.unlock()
+    _publish(staging.path, dest)
+    _record(dest, meta, opts.state)
+    return {**summary, "version": meta["version"], "changed": True,
+            "copied_at": meta["copied_at"]}
+
+
+def _same(plan: Plan, opts: CopyOptions, name: str) -> bool:
+    """Would this run publish exactly what is published now?"""
+    return (plan.old is not None and not plan.copy and not plan.resumed
+            and set(plan.old_digests) == {e.rel for e in plan.entries}
+            and name == plan.old.get("name") and opts.owner is None and opts.mode is None)
+
+
+def _run(src, dest, staging: Staging, plan: Plan, opts, owner, mode,
+         meter) -> tuple[dict[str, str], int]:
+    """Copy/link everything in the plan; returns {rel: sha256} of the whole selection and
+    how many files --checksum found changed."""
+    stop = threading.Event()
+    job = _Job(src, staging.path, dest, mode, owner,
+               _Limiter(opts.bwlimit) if opts.bwlimit else None, meter, stop)
+    by_rel = {e.rel: e for e in plan.entries}
+    digests = dict(plan.resumed)
+    meter.start(f"copy {src.name} -> {dest}",
+                sum(e.size for e in plan.entries if e.rel not in plan.resumed))
+    pending: list[tuple[str, int, int, str]] = []
+    state = {"bytes": 0, "at": time.monotonic()}
+
+    def checkpoint() -> None:
+        if pending:
+            fsops.syncfs(staging.path)   # data first, then the journal that vouches for it
+            staging.append(pending)
+            pending.clear()
+        state.update(bytes=0, at=time.monotonic())
+
+    with ThreadPoolExecutor(max_workers=opts.jobs or default_jobs(),
+                            thread_name_prefix="hotcache-copy") as pool:
+        futures = [pool.submit(job.copy, e) for e in plan.copy]
+        futures += [pool.submit(job.link, by_rel[r], d) for r, d in plan.link.items()]
+        futures += [pool.submit(job.check, by_rel[r], d) for r, d in plan.check.items()]
+        remaining = set(futures)
+        try:
+            while remaining:
+                done, remaining = wait(remaining, timeout=CHECKPOINT_SECONDS,
+                                       return_when=FIRST_EXCEPTION)
+                for fut in done:
+                    rel, size, mtime_ns, digest = fut.result()
+                    digests[rel] = digest
+                    pending.append((rel, size, mtime_ns, digest))
+                    state["bytes"] += size
+                if (state["bytes"] >= CHECKPOINT_BYTES
+                        or time.monotonic() - state["at"] >= CHECKPOINT_SECONDS):
+                    checkpoint()
+            checkpoint()
+        except BaseException as exc:
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            _fail(exc, staging, dest, plan, checkpoint)
+            raise
+    return digests, job.recopied
+
+
+def _fail(exc: BaseException, staging: Staging, dest: Path, plan: Plan, checkpoint) -> None:
+    """Turn a failure into a clear error. A full filesystem gets its staging removed (the
+    copy cannot finish there and the space must come back); anything else keeps what is
+    journaled so that the next run resumes."""
+    if isinstance(exc, OSError) and exc.errno in fsops.NO_SPACE:
+        staging.remove()
+        from .units import size
+
+        raise HotcacheError(
+            f"the filesystem of {dest} filled up during the copy ({exc.strerror}); nothing "
+            f"was published and the staging folder {staging.path} was removed. The copy "
+            f"needs {size(plan.copy_bytes)} of new data",
+            hint="free space there or copy a smaller subset, then run again") from exc
+    try:
+        checkpoint()
+    except OSError:
+        pass  # the original error is the one to report; the journal holds what it holds
+    if isinstance(exc, OSError):
+        raise HotcacheError(f"copy to {dest} failed: {exc.filename or ''}: {exc.strerror}",
+                            hint="fix the cause and run the same command again; finished "
+                                 "files are not copied again") from exc
+
+
+def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old, mode,
+            owner) -> dict:
+    """Folders' permissions, manifest, metadata, then make it all durable."""
+    for dirpath, _dirs, _files in os.walk(staging.path):
+        os.chmod(dirpath, dir_mode(mode) if mode is not None else 0o755)
+        if owner:
+            os.chown(dirpath, *owner)
+    (staging.path / HEADER).unlink()
+    manifest.write(staging.path / MANIFEST, digests)
+    meta = {
+        "format": FORMAT, "complete": True, "name": name, "version": str(version),
+        "source": str(src), "files": len(digests), "bytes": sel.bytes, "hash": "sha256",
+        "copied_at": now(), "verified_at": None, "verify_ok": None,
+        "tool_version": __version__,
+        "selection": {"include": opts.include, "exclude": opts.exclude,
+                      "list": str(opts.list_file) if opts.list_file else None,
+                      "fraction": opts.fraction, "seed": opts.seed if opts.fraction else None},
+        "owner": opts.owner, "mode": opts.mode,
+        "previous_version": (old or {}).get("version"),
+    }
+    write_atomic(staging.path / METADATA, json.dumps(meta, indent=2) + "\n")
+    for p in (staging.path / MANIFEST, staging.path / METADATA):
+        if owner:
+            os.chown(p, *owner)
+    (staging.path / JOURNAL).unlink(missing_ok=True)
+    fsops.syncfs(staging.path)
+    return meta
+
+
+def _publish(staging: Path, dest: Path) -> None:
+    """One rename makes the copy visible; a refresh swaps old and new in one step."""
+    if dest.is_dir() and any(dest.iterdir()):
+        try:
+            fsops.exchange(staging, dest)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+                raise
+            # No RENAME_EXCHANGE here: a moment without DEST beats a mixed tree.
+            aside = dest.parent / f".{dest.name}.hotcache-old"
+            os.rename(dest, aside)
+            os.rename(staging, dest)
+            staging = aside
+        fsops.fsync_dir(dest.parent)
+        shutil.rmtree(staging)
+    else:
+        os.rename(staging, dest)   # also replaces an empty folder
+    fsops.fsync_dir(dest.parent)
+
+
+def _record(dest: Path, meta: dict, state: Path | None) -> None:
+    from .copies import record
+
+    record(dest, meta, state)

@@ -1,0 +1,85 @@
+"""Where hot copies are known: the mapping (copies on mounts hotcache manages) and any
+folder the user points at. `hotcache copies` lists both."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import mapping
+from .hotcopy_format import METADATA, read_metadata, staging_dir, STAGING_SUFFIX
+
+RECORDED = ("name", "version", "files", "bytes", "copied_at", "verified_at", "verify_ok")
+
+
+def backing_cache(path: Path, data: dict) -> tuple[str, dict] | None:
+    """The mapping entry whose mountpoint holds `path` (the deepest one), or None."""
+    real = os.path.realpath(path)
+    best = None
+    for name, entry in data.get("caches", {}).items():
+        mp = (entry.get("filesystem") or {}).get("mountpoint")
+        if mp and (real == mp or real.startswith(mp.rstrip("/") + "/")):
+            if best is None or len(mp) > len(best[1]["filesystem"]["mountpoint"]):
+                best = (name, entry)
+    return best
+
+
+def record(dest: Path, meta: dict, state: Path | None) -> str | None:
+    """Record (or update) the copy at `dest` in the mapping when DEST lies on a managed
+    mount; returns the cache's name, or None when no mount of the mapping holds it."""
+    path = mapping.state_path(state and str(state))
+    if not path.exists() or backing_cache(dest, mapping.load(path)) is None:
+        return None
+    with mapping.editing(path) as data:
+        found = backing_cache(dest, data)
+        if found is None:
+            return None
+        name, entry = found
+        copies = entry.setdefault("hot_copies", {}) or {}
+        copies[str(dest)] = {k: meta.get(k) for k in RECORDED}
+        entry["hot_copies"] = copies
+        return name
+
+
+def state_of(dest: Path, meta: dict | None) -> str:
+    if meta is None:
+        return "interrupted" if staging_dir(dest).is_dir() else "missing"
+    if meta.get("verify_ok") is False:
+        return "failed verification"
+    if meta.get("verify_ok") and staging_dir(dest).is_dir():
+        return "verified, refresh interrupted"
+    if staging_dir(dest).is_dir():
+        return "refresh interrupted"
+    return "verified" if meta.get("verify_ok") else "not verified"
+
+
+def describe(dest: Path, cache: str | None = None) -> dict:
+    meta = read_metadata(dest)
+    row = {"path": str(dest), "cache": cache, "state": state_of(dest, meta)}
+    row.update({k: (meta or {}).get(k) for k in RECORDED})
+    return row
+
+
+def find(roots: list[Path], state: Path | None) -> list[dict]:
+    """Every hot copy recorded in the mapping, plus those found at or one level under
+    each root (a root is usually the SSD mount)."""
+    rows: dict[str, dict] = {}
+    path = mapping.state_path(state and str(state))
+    if path.exists():
+        for cache, entry in mapping.load(path).get("caches", {}).items():
+            for dest in (entry.get("hot_copies") or {}):
+                rows[dest] = describe(Path(dest), cache)
+    data = mapping.load(path) if path.exists() else mapping.empty()
+    for root in roots:
+        candidates = [root] + sorted(p for p in root.iterdir() if p.is_dir()) \
+            if root.is_dir() else []
+        for c in candidates:
+            if c.name.endswith(STAGING_SUFFIX):
+                dest = c.parent / c.name[1:-len(STAGING_SUFFIX)]
+                if not dest.exists() and str(dest) not in rows:
+                    rows[str(dest)] = describe(dest)
+            elif (c / METADATA).exists() and str(c) not in rows:
+                found = backing_cache(c, data)
+                rows[str(c)] = describe(c, found[0] if found else None)
+    return sorted(rows.values(), key=lambda r: r["path"])
+

@@ -1,0 +1,44 @@
+"""Linux filesystem calls the standard library lacks: syncfs(2), and renameat2(2) with
+RENAME_EXCHANGE (swap two directories in one step; XFS, ext4 and btrfs support it)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def syncfs(path: str | os.PathLike) -> None:
+    """Flush the whole filesystem holding `path` to stable storage, like `sync` but for
+    one filesystem; since Linux 5.8 it reports write-back errors (ENOSPC, EIO)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if _libc.syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err), str(path))
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> None:
+    """Atomically swap the names `a` and `b` (both must exist, same filesystem). Raises
+    OSError(EINVAL/ENOSYS) where the filesystem or kernel cannot."""
+    if _libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),
+                       _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(a), None, str(b))
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)

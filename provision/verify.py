@@ -1,0 +1,130 @@
+"""`hotcache verify`: is the hot copy still exactly what was copied?
+
+fast    every manifest file is there, is a regular file, nothing extra, total bytes match
+sample  fast, plus the sha256 of N files picked at random
+full    fast, plus the sha256 of every file (in parallel threads)
+
+The result (verified_at, verify_ok) goes into the copy's metadata and the mapping.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from . import manifest
+from .atomic import write_atomic
+from .copier import CHUNK, default_jobs
+from .errors import UsageError
+from .hotcopy_format import MANIFEST, METADATA, RESERVED, read_metadata
+from .mapping import now
+from .meter import NullMeter
+
+
+def sha256_file(path: Path, meter: NullMeter, buf: memoryview | None = None) -> str:
+    h = hashlib.sha256()
+    buf = buf if buf is not None else memoryview(bytearray(CHUNK))
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        while n := os.readv(fd, [buf]):
+            h.update(buf[:n])
+            meter.advance(n)
+    finally:
+        os.close(fd)
+    return h.hexdigest()
+
+
+def _present(dest: Path) -> dict[str, int]:
+    """{rel: size} of every regular file in DEST except hotcache's own; other kinds
+    (symlinks, FIFOs) get size -1 so that they count as wrong."""
+    found = {}
+    for dirpath, _dirs, files in os.walk(dest):
+        for name in files:
+            path = Path(dirpath) / name
+            rel = path.relative_to(dest).as_posix()
+            if rel in RESERVED:
+                continue
+            st = os.lstat(path)
+            found[rel] = st.st_size if stat.S_ISREG(st.st_mode) else -1
+    return found
+
+
+def verify(dest: Path, mode: str = "fast", sample: int = 0, jobs: int = 0,
+           meter: NullMeter | None = None, state: Path | None = None,
+           record: bool = True) -> dict:
+    """Check the copy at `dest`; returns a report with `ok` and `problems` (by path)."""
+    meter = meter or NullMeter()
+    dest = Path(os.path.abspath(dest))
+    meta = read_metadata(dest)
+    if meta is None:
+        raise UsageError(f"{dest} is not a complete hot copy (no valid {METADATA} and "
+                         f"{MANIFEST})", hint="make one with `hotcache copy SRC DEST`")
+    if mode == "sample" and sample < 1:
+        raise UsageError(f"--sample {sample}: give how many files to hash (1 or more)")
+    digests = manifest.read(dest / MANIFEST)
+    present = _present(dest)
+    problems: list[dict] = []
+    for rel in sorted(set(digests) - set(present)):
+        problems.append({"path": rel, "problem": "missing"})
+    for rel in sorted(set(present) - set(digests)):
+        problems.append({"path": rel, "problem": "not in the manifest"})
+    for rel in sorted(r for r in digests if present.get(r) == -1):
+        problems.append({"path": rel, "problem": "not a regular file"})
+    total = sum(s for s in present.values() if s > 0)
+    if len(digests) != meta.get("files"):
+        problems.append({"path": MANIFEST, "problem": f"lists {len(digests)} files, the "
+                         f"metadata says {meta.get('files')}"})
+    if total != meta.get("bytes") and not problems:
+        problems.append({"path": ".", "problem": f"holds {total} bytes, the metadata says "
+                         f"{meta.get('bytes')} (a file changed size)"})
+    checkable = sorted(r for r in digests if present.get(r, -1) >= 0)
+    if mode == "full":
+        to_hash = checkable
+    elif mode == "sample":
+        to_hash = sorted(random.SystemRandom().sample(checkable, min(sample, len(checkable))))
+    else:
+        to_hash = []
+    meter.start(f"verify {dest.name} ({mode})", sum(present[r] for r in to_hash))
+
+    def check(rel: str) -> dict | None:
+        got = sha256_file(dest / rel, meter)
+        if got != digests[rel]:
+            return {"path": rel, "problem": f"sha256 {got} differs from the manifest's "
+                                            f"{digests[rel]}"}
+        return None
+
+    with ThreadPoolExecutor(max_workers=jobs or default_jobs()) as pool:
+        problems.extend(p for p in pool.map(check, to_hash) if p)
+    ok = not problems
+    report = {"path": str(dest), "name": meta.get("name"), "version": meta.get("version"),
+              "mode": mode, "files": len(digests), "bytes": total, "hashed_files": len(to_hash),
+              "ok": ok, "problems": problems, "verified_at": now(), "recorded": False}
+    if record:
+        report["recorded"] = _record(dest, meta, report, state)
+    return report
+
+
+def _record(dest: Path, meta: dict, report: dict, state: Path | None) -> bool:
+    """Store the outcome in the metadata (and the mapping); a read-only copy is fine."""
+    from .copies import record
+
+    # The failed paths let the next `hotcache copy` replace those files even when their
+    # size and mtime still look right (bit rot, a write that kept the mtime).
+    meta = {**meta, "verified_at": report["verified_at"], "verify_ok": report["ok"],
+            "verify_mode": report["mode"],
+            "verify_failed": [p["path"] for p in report["problems"]]}
+    try:
+        st = os.stat(dest / METADATA)
+        write_atomic(dest / METADATA, json.dumps(meta, indent=2) + "\n",
+                     mode=stat.S_IMODE(st.st_mode))
+        if os.geteuid() == 0:
+            os.chown(dest / METADATA, st.st_uid, st.st_gid)
+    except PermissionError:
+        return False
+    record(dest, meta, state)
+    return True
