@@ -122,6 +122,13 @@ def _resolve(default: str | os.PathLike | None) -> tuple[Path, str]:
     return path, source
 
 
+def describe(path: str | os.PathLike, source: str = "argument") -> DataRoot:
+    """What `path` is (hot copy or not, filesystem, device, cache), without logging."""
+    path = Path(path).resolve()
+    rank = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if os.environ.get(k)}
+    return DataRoot(path, source, hot_copy_at(path), backing_of(path), rank)
+
+
 def data_root(default: str | os.PathLike | None = None, expect: str | None = None, *,
               json_log: bool | None = None, logger: logging.Logger | None = None) -> DataRoot:
     """Resolve DATA_ROOT (or `default`), describe it, log one line, return it.
@@ -133,8 +140,7 @@ def data_root(default: str | os.PathLike | None = None, expect: str | None = Non
     expect = expect or os.environ.get(ENV_EXPECT) or None
     if expect not in (None, "hot", "any"):
         raise DataRootError(f"expect={expect!r} is not understood", hint="use expect='hot' or leave it unset")
-    rank = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if os.environ.get(k)}
-    root = DataRoot(path, source, hot_copy_at(path), backing_of(path), rank)
+    root = describe(path, source)
     if json_log is None:
         json_log = os.environ.get(ENV_JSON, "") not in ("", "0")
     (logger or log).info(json.dumps(root.to_dict(), sort_keys=True) if json_log else root.log_line())

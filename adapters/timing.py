@@ -195,11 +195,16 @@ class BatchTimer:
                          self.worker_loads if self.stamped else None)
 
     def _emit(self, summary: Summary, *, final: bool) -> None:
-        self.logger.info("%s%s", "timing " if final else "timing (so far) ", summary.line())
-        if self.log_path:
-            record = {**summary.to_dict(), "final": final, "time": time(), "pid": os.getpid()}
-            with open(self.log_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+        emit(summary, final=final, logger=self.logger, log_path=self.log_path)
+
+
+def emit(summary: Summary, *, final: bool, logger: logging.Logger = log, log_path=None) -> None:
+    """Log a summary, and append it as one JSON line to `log_path` when given."""
+    logger.info("%s%s", "timing " if final else "timing (so far) ", summary.line())
+    if log_path:
+        record = {**summary.to_dict(), "final": final, "time": time(), "pid": os.getpid()}
+        with open(log_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
 
 
 def timed(iterable, **options) -> BatchTimer:

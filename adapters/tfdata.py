@@ -1,0 +1,187 @@
+"""tf.data: an input pipeline over an image folder or TFRecord files under DATA_ROOT.
+
+    from hotcache.adapters import make_dataset, timed, DataWaitCallback
+    ds = make_dataset(batch_size=64, image_size=(224, 224), cache_dir="/mnt/ssd/tfcache")
+    for images, labels in timed(ds): ...             # plain loop, every fetch timed
+    wait = DataWaitCallback()
+    model.fit(wait.wrap(ds), epochs=3, callbacks=[wait])   # Keras: data wait per step
+
+The pipeline: list the files, (interleave TFRecord shards | map-read the images) with
+AUTOTUNE parallelism, decode, optional user map, optional `cache()` on the SSD (see
+tfcache), shuffle, batch, prefetch. Importing this module imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from time import perf_counter
+
+import tensorflow as tf
+
+from . import tfcache
+from .dataroot import data_root, hot_copy_at
+from .imagefolder import list_image_folder
+from .timing import ENV_LOG, emit, summarize
+
+log = logging.getLogger("hotcache.adapters")
+
+AUTOTUNE = tf.data.AUTOTUNE
+TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
+
+
+def _tfrecord_files(root: Path) -> list[str]:
+    return sorted(str(p) for p in root.rglob("*") if p.suffix in TFRECORD_SUFFIXES and p.is_file())
+
+
+def _dataset_version(root: Path, files: list[str]) -> dict:
+    """What identifies the data: the hot copy's name/version/copy time, or for a plain
+    folder the listing with sizes and modification times."""
+    copy = hot_copy_at(root)
+    if copy.state in ("hot", "unverified"):
+        from hotcache.provision.hotcopy_format import read_metadata
+
+        meta = read_metadata(Path(copy.root)) or {}
+        return {"copy": copy.name, "version": copy.version, "copied_at": meta.get("copied_at"),
+                "files": meta.get("files"), "sub": str(root.relative_to(copy.root))}
+    stats = [(f, (st := os.stat(f)).st_size, st.st_mtime_ns) for f in files]
+    return {"listing": tfcache.fingerprint({"files": stats})}
+
+
+def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
+                 image_size: tuple[int, int] | None = None, kind: str = "auto",
+                 decode: bool = True, map_fn=None, cache_dir: str | os.PathLike | None = None,
+                 shuffle: bool = True, shuffle_buffer: int = 1024, seed: int | None = None,
+                 drop_remainder: bool = False, deterministic: bool | None = None,
+                 features: tuple[str, str] = ("image", "label")) -> tf.data.Dataset:
+    """A batched `(images, labels)` tf.data pipeline over `root` (default `data_root()`).
+
+    kind: "images" (root/<class>/<image>), "tfrecord" (tf.train.Example records with a
+    bytes feature and an int64 feature named by `features`), or "auto".
+    image_size: (height, width) to resize to; images come out uint8 H×W×3.
+    decode=False hands the encoded bytes to `map_fn` instead.
+    cache_dir: cache the decoded (and mapped) samples under this folder, in a subfolder
+    keyed by the data's version and these settings."""
+    root = Path(root).resolve() if root is not None else data_root().path
+    tfrecords = _tfrecord_files(root) if kind in ("auto", "tfrecord") else []
+    if kind == "auto":
+        kind = "tfrecord" if tfrecords else "images"
+    image_key, label_key = features
+
+    def decode_image(data):
+        img = tf.io.decode_image(data, channels=3, expand_animations=False)
+        if image_size:
+            img = tf.cast(tf.image.resize(img, image_size), tf.uint8)
+        return img
+
+    def prepare(data, label):
+        if decode:
+            data = decode_image(data)
+        return (map_fn(data, label) if map_fn else (data, label))
+
+    if kind == "tfrecord":
+        if not tfrecords:
+            from hotcache.provision.errors import DataRootError
+
+            raise DataRootError(f"{root}: no TFRecord files ({', '.join(TFRECORD_SUFFIXES)}) found",
+                                hint="point DATA_ROOT at the folder holding the shards, or use kind='images'")
+        files = tfrecords
+        spec = {image_key: tf.io.FixedLenFeature([], tf.string),
+                label_key: tf.io.FixedLenFeature([], tf.int64)}
+
+        def parse(record):
+            ex = tf.io.parse_single_example(record, spec)
+            return prepare(ex[image_key], ex[label_key])
+
+        ds = tf.data.Dataset.from_tensor_slices(files)
+        if shuffle and not cache_dir:
+            ds = ds.shuffle(len(files), seed=seed)
+        ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
+                           num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    else:
+        files, labels, _classes = list_image_folder(root)
+        ds = tf.data.Dataset.from_tensor_slices((files, labels))
+        if shuffle and not cache_dir:
+            ds = ds.shuffle(len(files), seed=seed)
+        ds = ds.map(lambda path, label: prepare(tf.io.read_file(path), tf.cast(label, tf.int64)),
+                    num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    if cache_dir:
+        settings = {"kind": kind, "image_size": image_size, "decode": decode, "features": features,
+                    "map_fn": tfcache.function_identity(map_fn), "root": str(root),
+                    "data": _dataset_version(root, files), "tf": tf.__version__}
+        name = f"{root.name}-{settings['data'].get('version') or 'src'}-{tfcache.fingerprint(settings)[:16]}"
+        ds = ds.cache(str(tfcache.prepare(cache_dir, name)))
+    if shuffle:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    return ds.batch(batch_size, drop_remainder=drop_remainder,
+                    num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+
+
+class DataWaitCallback(tf.keras.callbacks.Callback):
+    """Keras `fit`: how long each training step waited for its batch.
+
+    Keras pulls batches inside its compiled train function, out of Python's sight, so
+    `wrap(ds)` zips the pipeline with a one-stamp dataset: zip asks its inputs in order,
+    in the consumer's own thread, so the first stamp marks the moment the step asks for a
+    batch and a sequential map after the zip marks the moment it gets it. The first step
+    of each epoch (tracing, pipeline start-up) is reported apart, as in BatchTimer."""
+
+    def __init__(self, name: str = "fit", log_every: int = 100, log_path=None):
+        super().__init__()
+        self.name = name
+        self.log_every = log_every
+        self.log_path = log_path if log_path is not None else os.environ.get(ENV_LOG) or None
+        self.summaries = []
+        self._asked = 0.0
+        self._pending = 0.0          # wait accumulated since the last step ended
+
+    def wrap(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        asks = tf.data.Dataset.from_tensors(tf.constant(0.0, tf.float64)).repeat().map(
+            lambda _: tf.py_function(self._ask, [], tf.float64))
+
+        def got(_asked, element):
+            t = tf.py_function(self._got, [], tf.float64)
+            with tf.control_dependencies([t]):
+                return tf.nest.map_structure(tf.identity, element)
+
+        options = tf.data.Options()
+        # An injected prefetch would move the zip to a background thread and hide the wait.
+        options.experimental_optimization.inject_prefetch = False
+        return tf.data.Dataset.zip((asks, ds)).map(got).with_options(options)
+
+    def _ask(self):
+        self._asked = perf_counter()
+        return 0.0
+
+    def _got(self):
+        self._pending += perf_counter() - self._asked
+        return 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self._first = None
+        self._waits: list[float] = []
+        self._t_first = self._t_end = None
+        self._pending = 0.0
+
+    def on_train_batch_end(self, batch, logs=None):
+        end = perf_counter()
+        wait, self._pending = self._pending, 0.0
+        if self._first is None:
+            self._first, self._t_first = wait, end
+        else:
+            self._waits.append(wait)
+        self._t_end = end
+        if self.log_every and self._waits and len(self._waits) % self.log_every == 0:
+            emit(self._summary(), final=False, log_path=self.log_path)
+
+    def _summary(self):
+        wall = (self._t_end - self._t_first) if self._t_first is not None else 0.0
+        return summarize(self.name, self._epoch, self._first, self._waits, wall, len(self._waits))
+
+    def on_epoch_end(self, epoch, logs=None):
+        summary = self._summary()
+        self.summaries.append(summary)
+        emit(summary, final=True, log_path=self.log_path)
