@@ -1,0 +1,264 @@
+"""`hotcache copy`, `verify` and `copies` on real files, through the real entry point,
+checked with the real `sha256sum -c`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import hotcache, hotcache_json
+
+META = ".hotcache-copy.json"
+
+
+def make_dataset(root: Path, classes=("cat", "dog"), n=12, size=3000) -> Path:
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(n):
+            (root / c / f"{i:03}.jpg").write_bytes(os.urandom(size + i))
+    (root / "labels.csv").write_text("".join(f"{i},cat\n" for i in range(n)))
+    return root
+
+
+def tree(root: Path, skip=(META, "SHA256SUMS")) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name not in skip}
+
+
+def sha256sum_check(dest: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["sha256sum", "--check", "--strict", "SHA256SUMS"], cwd=dest,
+                          capture_output=True, text=True)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTCACHE_STATE", str(tmp_path / "state" / "mappings.yaml"))
+    return tmp_path
+
+
+def test_copy_is_byte_exact_and_sha256sum_checks_it(env):
+    src = make_dataset(env / "src")
+    (src / "odd name\\with backslash").write_bytes(b"a")
+    (src / "new\nline").write_bytes(b"b")
+    dest = env / "hot" / "ds"
+    dest.parent.mkdir()
+    rc, out = hotcache_json("copy", src, dest, "--name", "pets", "--version", "v7")
+    assert rc == 0, out
+    assert tree(dest) == tree(src)
+    check = sha256sum_check(dest)
+    assert check.returncode == 0, check.stdout + check.stderr
+    meta = json.loads((dest / META).read_text())
+    assert meta["complete"] and meta["format"] == 1 and meta["hash"] == "sha256"
+    assert (meta["name"], meta["version"], meta["files"]) == ("pets", "v7", 27)
+    assert meta["bytes"] == sum(len(b) for b in tree(src).values())
+    assert meta["source"] == str(src.resolve())
+    assert not (env / "hot" / ".ds.hotcache-staging").exists()
+    # timestamps and permission bits come along (refresh relies on the mtime)
+    a, b = (src / "cat" / "003.jpg").stat(), (dest / "cat" / "003.jpg").stat()
+    assert (a.st_mtime_ns, a.st_mode) == (b.st_mtime_ns, b.st_mode)
+
+
+def test_flipped_byte_is_found_by_verify_and_repaired_by_copy(env):
+    src = make_dataset(env / "src")
+    dest = env / "ds"
+    hotcache("copy", src, dest, check=True)
+    assert hotcache("verify", dest, "--full").returncode == 0
+    victim = dest / "dog" / "007.jpg"
+    st = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[100] ^= 0x01
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))  # bit rot keeps the mtime
+
+    assert hotcache("verify", dest, "--fast").returncode == 0  # sizes cannot see it
+    proc = hotcache("verify", dest, "--full")
+    assert proc.returncode == 5
+    assert "dog/007.jpg" in proc.stdout and "1 problems" in proc.stderr
+    meta = json.loads((dest / META).read_text())
+    assert meta["verify_ok"] is False and meta["verified_at"]
+    rc, report = hotcache_json("verify", dest, "--full")
+    assert rc == 5 and [p["path"] for p in report["problems"]] == ["dog/007.jpg"]
+
+    # the next copy replaces the damaged file even though size and mtime look right
+    rc, out = hotcache_json("copy", src, dest)
+    assert rc == 0 and out["copied_files"] == 1 and out["version"] == "2"
+    assert hotcache("verify", dest, "--full").returncode == 0
+    assert tree(dest) == tree(src)
+
+
+def test_verify_fast_and_sample_see_missing_and_extra_files(env):
+    src = make_dataset(env / "src")
+    dest = env / "ds"
+    hotcache("copy", src, dest, check=True)
+    (dest / "cat" / "001.jpg").unlink()
+    (dest / "stray.bin").write_bytes(b"x")
+    rc, report = hotcache_json("verify", dest, "--sample", "3")
+    assert rc == 5 and report["hashed_files"] == 3
+    problems = {p["path"]: p["problem"] for p in report["problems"]}
+    assert problems["cat/001.jpg"] == "missing"
+    assert problems["stray.bin"] == "not in the manifest"
+
+
+def test_refresh_copies_only_changes_and_publishes_a_new_version(env):
+    src = make_dataset(env / "src")
+    dest = env / "ds"
+    hotcache("copy", src, dest, check=True)
+    kept = (dest / "cat" / "000.jpg").stat().st_ino
+    rc, out = hotcache_json("copy", src, dest)
+    assert rc == 0 and out["changed"] is False and out["version"] == "1"
+
+    (src / "cat" / "001.jpg").write_bytes(b"changed")
+    (src / "cat" / "100.jpg").write_bytes(b"added")
+    (src / "dog" / "002.jpg").unlink()
+    rc, out = hotcache_json("copy", src, dest)
+    assert rc == 0, out
+    assert (out["copied_files"], out["reused_files"], out["version"]) == (2, 23, "2")
+    assert tree(dest) == tree(src)
+    assert sha256sum_check(dest).returncode == 0
+    assert (dest / "cat" / "000.jpg").stat().st_ino == kept   # hard-linked, not copied
+    assert not (dest / "dog" / "002.jpg").exists()
+    assert json.loads((dest / META).read_text())["previous_version"] == "1"
+    assert [p.name for p in env.iterdir() if "hotcache" in p.name] == []
+
+
+def test_checksum_refresh_finds_a_change_that_kept_size_and_mtime(env):
+    src = make_dataset(env / "src")
+    dest = env / "ds"
+    hotcache("copy", src, dest, check=True)
+    f = src / "cat" / "004.jpg"
+    st = f.stat()
+    f.write_bytes(os.urandom(st.st_size))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    rc, out = hotcache_json("copy", src, dest)
+    assert rc == 0 and out["changed"] is False     # size+mtime cannot tell
+    rc, out = hotcache_json("copy", src, dest, "--checksum")
+    assert rc == 0 and out["changed"] and out["copied_files"] == 1
+    assert (dest / "cat" / "004.jpg").read_bytes() == f.read_bytes()
+    rc, out = hotcache_json("copy", src, dest, "--checksum")
+    assert rc == 0 and out["changed"] is False
+
+
+def test_selection_options_and_mode(env):
+    src = make_dataset(env / "src", classes=("a", "b", "c"), n=20)
+    dest = env / "ds"
+    rc, out = hotcache_json("copy", src, dest, "--fraction", "0.1", "--seed", "3",
+                            "--exclude", "*.csv", "--mode", "0640")
+    assert rc == 0, out
+    files = sorted(tree(dest))
+    assert len(files) == 6 and {f.split("/")[0] for f in files} == {"a", "b", "c"}
+    assert (dest / files[0]).stat().st_mode & 0o7777 == 0o640
+    assert (dest / "a").stat().st_mode & 0o7777 == 0o750
+    again = env / "ds2"
+    hotcache("copy", src, again, "--fraction", "0.1", "--seed", "3", "--exclude", "*.csv",
+             check=True)
+    assert sorted(tree(again)) == files
+
+
+def test_symlink_out_of_src_is_not_followed(env):
+    src = make_dataset(env / "src", n=2)
+    secret = env / "secret.key"
+    secret.write_text("do not copy me")
+    (src / "cat" / "key").symlink_to(secret)
+    (src / "cat" / "again.jpg").symlink_to("000.jpg")
+    os.mkfifo(src / "fifo")
+    dest = env / "ds"
+    proc = hotcache("copy", src, dest)
+    assert proc.returncode == 0, proc.stderr
+    assert "cat/key: symlink points out of the source" in proc.stderr
+    assert "fifo: not a regular file" in proc.stderr
+    assert not (dest / "cat" / "key").exists() and not (dest / "fifo").exists()
+    assert (dest / "cat" / "again.jpg").read_bytes() == (src / "cat" / "000.jpg").read_bytes()
+    assert all("secret" not in p.read_text(errors="replace") for p in dest.rglob("*")
+               if p.is_file())
+
+
+def test_capacity_check_refuses_before_touching_anything(env):
+    src = make_dataset(env / "src", n=4)
+    dest = env / "ds"
+    free = os.statvfs(env).f_bavail * os.statvfs(env).f_frsize
+    # a margin so large that no disk can hold bytes * (1 + margin)
+    proc = hotcache("copy", src, dest, "--margin", str(2 * free))
+    assert proc.returncode == 3
+    found = re.search(r"needs .*, (\d+) bytes\) but has .* \((\d+) bytes\) free", proc.stderr)
+    assert found, proc.stderr
+    assert int(found[1]) > int(found[2]) > 0
+    assert sorted(p.name for p in env.iterdir()) == ["src"]
+
+
+@pytest.mark.parametrize("args,code,words", [
+    (["{env}/nope", "{env}/ds"], 2, "does not exist"),
+    (["{env}/src", "{env}/src/inside"], 2, "inside the source"),
+    (["{env}/src", "{env}/ds", "--fraction", "1.5"], 2, "--fraction 1.5"),
+    (["{env}/src", "{env}/ds", "--fraction", "0"], 2, "--fraction 0"),
+    (["{env}/src", "{env}/ds", "--list", "{env}/list.txt"], 2, "'../x'"),
+    (["{env}/src", "{env}/ds", "--mode", "rw-r--r--"], 2, "--mode"),
+    (["{env}/src", "{env}/ds", "--owner", "no-such-user-xyz:nogroup"], 2, "--owner"),
+    (["{env}/src", "{env}/ds", "--include", "*.none"], 2, "no files"),
+    (["{env}/src", "{env}/ds", "--bwlimit", "fast"], 2, "--bwlimit"),
+    (["{env}/src", "{env}/taken"], 3, "not a hot copy"),
+    (["{env}/src", "{env}/missing/ds"], 2, "does not exist"),
+])
+def test_bad_input_is_refused_and_changes_nothing(env, args, code, words):
+    make_dataset(env / "src", n=2)
+    (env / "list.txt").write_text("cat/000.jpg\n../x\n")
+    (env / "taken").mkdir()
+    (env / "taken" / "precious.txt").write_text("mine")
+    before = sorted(p.relative_to(env).as_posix() for p in env.rglob("*"))
+    proc = hotcache("copy", *[a.format(env=env) for a in args])
+    assert proc.returncode == code, proc.stderr
+    assert words in proc.stderr
+    assert sorted(p.relative_to(env).as_posix() for p in env.rglob("*")) == before
+
+
+def test_verify_refuses_a_folder_that_is_not_a_hot_copy(env):
+    (env / "plain").mkdir()
+    proc = hotcache("verify", env / "plain")
+    assert proc.returncode == 2 and "not a complete hot copy" in proc.stderr
+
+
+def test_copy_on_a_managed_mount_is_recorded_in_the_mapping(env):
+    state = env / "state" / "mappings.yaml"
+    state.parent.mkdir()
+    mount = env / "mnt" / "hot"
+    mount.mkdir(parents=True)
+    state.write_text(yaml.safe_dump({"schema_version": 1, "caches": {"hot": {
+        "backend": "none", "state": "ready",
+        "filesystem": {"mountpoint": str(mount)}, "hot_copies": {}}}}))
+    src = make_dataset(env / "src", n=3)
+    dest = mount / "pets"
+    hotcache("copy", src, dest, "--name", "pets", check=True)
+    recorded = yaml.safe_load(state.read_text())["caches"]["hot"]["hot_copies"]
+    assert recorded[str(dest)]["name"] == "pets" and recorded[str(dest)]["files"] == 7
+    assert recorded[str(dest)]["verified_at"] is None
+    hotcache("verify", dest, "--full", check=True)
+    recorded = yaml.safe_load(state.read_text())["caches"]["hot"]["hot_copies"]
+    assert recorded[str(dest)]["verify_ok"] is True
+
+    other = env / "elsewhere"
+    hotcache("copy", src, other, check=True)
+    rc, listing = hotcache_json("copies", env)
+    assert rc == 0
+    rows = {r["path"]: r for r in listing["copies"]}
+    assert rows[str(dest)]["cache"] == "hot" and rows[str(dest)]["state"] == "verified"
+    assert rows[str(other)]["state"] == "not verified" and rows[str(other)]["cache"] is None
+    assert rows[str(dest)]["bytes"] == sum(len(b) for b in tree(dest).values())
+    text = hotcache("copies", env, check=True).stdout
+    assert "pets" in text and "verified" in text
+
+
+def test_manifest_matches_hashlib(env):
+    src = make_dataset(env / "src", n=2)
+    dest = env / "ds"
+    hotcache("copy", src, dest, check=True)
+    lines = (dest / "SHA256SUMS").read_text().splitlines()
+    for line in lines:
+        digest, rel = line.split("  ", 1)
+        assert hashlib.sha256((src / rel).read_bytes()).hexdigest() == digest
+    assert len(lines) == 5

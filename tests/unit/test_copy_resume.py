@@ -1,0 +1,55 @@
+"""A copy killed with SIGKILL half-way resumes without copying finished files again, and
+ends identical to a copy that was never interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+from tests.helpers import HOTCACHE, hotcache, hotcache_json
+from tests.unit.test_copy import make_dataset, sha256sum_check, tree
+
+
+def test_sigkill_half_way_then_resume(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTCACHE_STATE", str(tmp_path / "mappings.yaml"))
+    src = make_dataset(tmp_path / "src", classes=("a", "b", "c"), n=20, size=200 << 10)
+    dest = tmp_path / "ds"
+    staging = tmp_path / ".ds.hotcache-staging"
+    journal = staging / ".hotcache-journal"
+    # --bwlimit makes the copy take ~4 s, so that it can be killed in the middle
+    proc = subprocess.Popen([*HOTCACHE, "copy", str(src), str(dest), "--bwlimit", "3M",
+                             "--jobs", "2"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.exists() and journal.stat().st_size > 0:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the copy finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    assert not dest.exists(), "a killed copy must not publish anything"
+    done = [json.loads(line)[0] for line in journal.read_text().splitlines()]
+    total = len(tree(src))
+    assert 0 < len(done) < total
+    before = {rel: os.stat(staging / rel) for rel in done}
+
+    rc, out = hotcache_json("copy", src, dest)
+    assert rc == 0, out
+    assert out["resumed_files"] == len(done)
+    assert out["copied_files"] == total - len(done)
+    for rel, st in before.items():     # finished files were not written again
+        now = os.stat(dest / rel)
+        assert (now.st_ino, now.st_ctime_ns) == (st.st_ino, st.st_ctime_ns), rel
+    assert not staging.exists()
+
+    reference = tmp_path / "reference"
+    hotcache("copy", src, reference, check=True)
+    assert tree(dest) == tree(src) == tree(reference)
+    assert (dest / "SHA256SUMS").read_bytes() == (reference / "SHA256SUMS").read_bytes()
+    assert sha256sum_check(dest).returncode == 0
+    assert hotcache("verify", dest, "--full").returncode == 0
