@@ -186,7 +186,7 @@ def test_capacity_check_refuses_before_touching_anything(env):
     # a margin so large that no disk can hold bytes * (1 + margin)
     proc = hotcache("copy", src, dest, "--margin", str(2 * free))
     assert proc.returncode == 3
-    found = re.search(r"needs .*, (\d+) bytes\) but has .* \((\d+) bytes\) free", proc.stderr)
+    found = re.search(r"needs .*, (\d+) bytes\) but has .* free \((\d+) bytes\)", proc.stderr)
     assert found, proc.stderr
     assert int(found[1]) > int(found[2]) > 0
     assert sorted(p.name for p in env.iterdir()) == ["src"]
