@@ -1,0 +1,189 @@
+"""The playbooks, run for real: `ansible-playbook -c local` against this host with a
+loop-backed cache, every path (image, mountpoint, mapping, fstab, units, metrics file,
+report) under a tmp folder.
+
+One module-scoped sequence, as an administrator would run it: check mode on a fresh
+host, apply, apply again, gather the fleet report, tear down. Each test reads what its
+step left behind; the steps run once (Ansible is slow to start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.root
+
+REPO = Path(__file__).resolve().parents[2]
+PLAYBOOKS = REPO / "playbooks"
+VENV_BIN = Path(sys.executable).parent
+RECAP = re.compile(r"^localhost\s*:\s*(.*)$", re.MULTILINE)
+
+
+class Fleet:
+    def __init__(self, root: Path):
+        self.root = root
+        self.image = root / "ssd.img"
+        self.mnt = root / "mnt"
+        self.state = root / "etc" / "mappings.yaml"
+        self.fstab = root / "etc" / "fstab"
+        self.units = root / "units"
+        self.spec = root / "etc" / "spec.yml"
+        self.textfile = root / "textfile" / "hotcache.prom"
+        self.report = root / "fleet.json"
+        self.cache = f"ans{os.getpid() % 100000}"
+        self.inventory = root / "inventory.yml"
+        self.inventory.write_text(yaml.safe_dump({"hotcache": {
+            "hosts": {"localhost": {
+                "ansible_connection": "local",
+                "ansible_python_interpreter": sys.executable,
+                "ansible_become": False,  # already root; no sudo on CI hosts
+            }},
+            "vars": {
+                "hotcache_install": False,           # the venv running the tests has it
+                "hotcache_venv": str(VENV_BIN.parent),
+                "hotcache_spec_path": str(self.spec),
+                "hotcache_state": str(self.state),
+                "hotcache_fstab": str(self.fstab),
+                "hotcache_unit_dir": str(self.units),
+                "hotcache_metrics_textfile": str(self.textfile),
+                "hotcache_report": str(self.report),
+                "hotcache_caches": [{
+                    "name": self.cache, "backend": "none",
+                    "origin": {"loop": {"file": str(self.image), "size": "320M"}},
+                    "filesystem": {"mountpoint": str(self.mnt), "mode": "0755"},
+                }],
+            },
+        }}))
+        self.runs: dict[str, subprocess.CompletedProcess] = {}
+
+    def play(self, key: str, playbook: str, *args: str) -> dict[str, int]:
+        env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
+               "ANSIBLE_HOME": str(self.root / "ansible-home"),
+               "ANSIBLE_LOCAL_TEMP": str(self.root / "ansible-tmp"),
+               "ANSIBLE_REMOTE_TEMP": str(self.root / "ansible-tmp"),
+               "ANSIBLE_NOCOLOR": "1", "ANSIBLE_RETRY_FILES_ENABLED": "0"}
+        proc = subprocess.run(
+            [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory),
+             str(PLAYBOOKS / playbook), *args],
+            capture_output=True, text=True, env=env, timeout=600, cwd=self.root)
+        self.runs[key] = proc
+        assert proc.returncode == 0, f"{playbook} {args} failed:\n{proc.stdout}\n{proc.stderr}"
+        return recap(proc.stdout)
+
+    def mapping(self) -> dict:
+        return yaml.safe_load(self.state.read_text()) if self.state.exists() else {}
+
+    def loop_attached(self) -> bool:
+        out = subprocess.run(["losetup", "--associated", str(self.image)],
+                             capture_output=True, text=True).stdout
+        return bool(out.strip())
+
+    def mounted(self) -> bool:
+        target = os.path.realpath(self.mnt)
+        return any(line.split()[4] == target for line in
+                   Path("/proc/self/mountinfo").read_text().splitlines())
+
+    def cleanup(self) -> None:
+        """Only what this module made, whatever step failed."""
+        if self.mounted():
+            subprocess.run(["umount", str(self.mnt)], check=False)
+        if self.image.exists():
+            for line in subprocess.run(["losetup", "--associated", str(self.image)],
+                                       capture_output=True, text=True).stdout.splitlines():
+                subprocess.run(["losetup", "--detach", line.split(":")[0]], check=False)
+
+
+def recap(stdout: str) -> dict[str, int]:
+    found = RECAP.findall(stdout)
+    assert found, f"no PLAY RECAP for localhost in:\n{stdout}"
+    counts: dict[str, int] = {}
+    for line in found:  # one recap line per playbook run; sum is fine, there is one
+        for key, value in re.findall(r"(\w+)=(\d+)", line):
+            counts[key] = counts.get(key, 0) + int(value)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    f = Fleet(tmp_path_factory.mktemp("ansible"))
+    try:
+        f.recaps = {}
+        f.recaps["check"] = f.play("check", "site.yml", "--check")
+        f.after_check = {"image": f.image.exists(), "state": f.state.exists(),
+                         "fstab": f.fstab.exists(), "mounted": f.mounted(),
+                         "units": f.units.exists(), "spec": f.spec.exists(),
+                         "textfile": f.textfile.exists()}
+        f.recaps["first"] = f.play("first", "site.yml")
+        f.after_first = {"mapping": f.mapping(), "mounted": f.mounted(),
+                         "fstab": f.fstab.read_text(), "units": sorted(os.listdir(f.units)),
+                         "textfile": f.textfile.read_text(),
+                         "service": (f.units / "hotcache-metrics.service").read_text()}
+        f.recaps["second"] = f.play("second", "site.yml")
+        f.recaps["status"] = f.play("status", "status.yml")
+        f.recaps["teardown"] = f.play("teardown", "teardown.yml")
+        yield f
+    finally:
+        f.cleanup()
+
+
+def test_check_mode_changes_nothing_but_says_it_would(fleet):
+    assert fleet.after_check == {k: False for k in fleet.after_check}
+    assert fleet.recaps["check"]["changed"] > 0
+    # The plan's steps are shown: the loop image would be created and formatted.
+    out = fleet.runs["check"].stdout
+    assert "create sparse image" in out and "format" in out
+
+
+def test_first_run_builds_the_cache(fleet):
+    assert fleet.recaps["first"]["changed"] >= 3  # spec file, apply, metrics timer
+    entry = fleet.after_first["mapping"]["caches"][fleet.cache]
+    assert entry["state"] == "ready"
+    assert fleet.after_first["mounted"]
+    assert f"# hotcache:{fleet.cache}" in fleet.after_first["fstab"]
+    assert "nofail" in fleet.after_first["fstab"]
+    assert fleet.after_first["units"] == ["hotcache-metrics.service", "hotcache-metrics.timer"]
+    assert f'hotcache_cache_up{{cache="{fleet.cache}"}} 1.0' in fleet.after_first["textfile"]
+
+
+def test_metrics_service_uses_the_redirected_paths(fleet):
+    service = fleet.after_first["service"]
+    assert f"Environment=HOTCACHE_STATE={fleet.state}" in service
+    assert f"Environment=HOTCACHE_FSTAB={fleet.fstab}" in service
+    assert f"status --prometheus {fleet.textfile}" in service
+
+
+def test_second_run_changes_nothing(fleet):
+    counts = fleet.recaps["second"]
+    assert counts["changed"] == 0, fleet.runs["second"].stdout
+    assert counts["failed"] == 0
+
+
+def test_status_report_on_the_controller(fleet):
+    report = json.loads(fleet.report.read_text())
+    assert report["ok"] is True
+    host = report["hosts"]["localhost"]
+    assert host["ok"] is True
+    (row,) = [c for c in host["caches"] if c["name"] == fleet.cache]
+    assert row["mounted"] and row["noatime"] and row["persistent"]
+    assert host["doctor"]["problems"] == 0
+    # The one change is the report written on the controller; the hosts are only read.
+    assert fleet.recaps["status"]["changed"] == 1
+
+
+def test_teardown_leaves_nothing_behind(fleet):
+    assert fleet.recaps["teardown"]["changed"] > 0
+    assert not fleet.mounted()
+    assert not fleet.loop_attached()
+    assert f"hotcache:{fleet.cache}" not in (fleet.fstab.read_text() if fleet.fstab.exists() else "")
+    assert fleet.cache not in fleet.mapping().get("caches", {})
+    assert not fleet.spec.exists()
+    assert not fleet.textfile.exists()
+    assert not any(fleet.units.iterdir())
