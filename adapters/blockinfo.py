@@ -75,8 +75,8 @@ def classify(devnum: str) -> tuple[str | None, str, str | None, bool | None]:
         dm_name = _read(real / "dm" / "name") or ""
         uuid = _read(real / "dm" / "uuid") or ""
         slaves = sorted(p.name for p in (real / "slaves").iterdir()) if (real / "slaves").is_dir() else []
-        slave_names = [_read(SYS_DEV_BLOCK.parent / "class" / "block" / s / "dm" / "name") or s
-                       for s in slaves]
+        # slaves/<name> links to each underlying device's sysfs folder.
+        slave_names = [_read(real / "slaves" / s / "dm" / "name") or s for s in slaves]
         if uuid.startswith("LVM-"):
             # lvconvert --type cache renames the origin to <lv>_corig in both the
             # cache-pool and the cachevol layouts.
