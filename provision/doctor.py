@@ -25,7 +25,7 @@ BASE_PROGRAMS = ("mount", "umount", "losetup", "blkid", "wipefs", "mkfs.xfs", "f
 KERNEL_FEATURE = {"bcache": "bcache", "dm-cache": "device-mapper", "lvmcache": "device-mapper"}
 KERNEL_FIX = {
     "bcache": "modprobe bcache, and add `bcache` to /etc/modules-load.d/hotcache.conf so it "
-              "loads at boot (the module ships with Debian's linux-image packages)",
+              "loads at boot; the module ships with Debian's linux-image packages",
     "device-mapper": "modprobe dm-mod dm-cache dm-cache-smq, and add them to "
                      "/etc/modules-load.d/hotcache.conf so they load at boot",
 }
@@ -100,9 +100,9 @@ def check_kernel(caches: dict) -> list[Finding]:
         elif used & set(backends):
             continue
         else:
-            out.append(Finding("kernel", OK, feature, f"the kernel has no {feature}, so "
-                               f"{', '.join(backends)} cannot be used here (no cache needs "
-                               f"it; to enable: {KERNEL_FIX[feature]})"))
+            out.append(Finding("kernel", OK, feature, f"no {feature} in this kernel: "
+                               f"{', '.join(backends)} unavailable (no cache uses it)",
+                               KERNEL_FIX[feature]))
     return out
 
 
