@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import errno
 import grp
-import hashlib
 import json
 import os
 import pwd
 import shutil
 import stat
-import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -34,16 +32,19 @@ from pathlib import Path
 from . import __version__, fsops, manifest
 from .atomic import write_atomic
 from .errors import HotcacheError, RefusedError, UsageError
-from .hotcopy_format import FORMAT, MANIFEST, METADATA, read_metadata, staging_dir
+from .filecopy import CHUNK, Done, FileCopier, Limiter
+from .hotcopy_format import FORMAT, MANIFEST, METADATA, read_metadata
 from .mapping import now
 from .meter import NullMeter
 from .selection import Entry, select
+from .staging import Staging
 
-HEADER = ".hotcache-staging.json"   # in the staging folder: which copy it belongs to
-JOURNAL = ".hotcache-journal"       # in the staging folder: files safely on disk
-CHUNK = 1 << 20
+__all__ = ["CHUNK", "CopyOptions", "copy", "default_jobs"]
+
 CHECKPOINT_BYTES = 256 << 20
 CHECKPOINT_SECONDS = 2.0
+BATCH_BYTES = 8 << 20      # small files go to the threads in batches, to keep the
+BATCH_FILES = 64           # per-file overhead (futures, wakeups) out of the way
 
 
 def default_jobs() -> int:
@@ -148,227 +149,6 @@ def parse_rate(text: str | None) -> int | None:
     if value <= 0:
         raise UsageError(f"--bwlimit {text}: give bytes per second, e.g. 200M")
     return int(value)
-
-
-# ---------------------------------------------------------------- the staging folder
-
-class Staging:
-    """The staging folder of one DEST: locked while a copy uses it, with a header that
-    names its source and a journal of files known to be on stable storage."""
-
-    def __init__(self, dest: Path):
-        self.path = staging_dir(dest)
-        self._fd: int | None = None
-        self._journal = None
-
-    def lock(self) -> None:
-        import fcntl
-
-        self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._fd)
-            self._fd = None
-            raise RefusedError(f"another hotcache copy is writing {self.path}",
-                               hint="wait for it to finish") from None
-
-    def unlock(self) -> None:
-        if self._journal is not None:
-            self._journal.close()
-            self._journal = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def source(self) -> str | None:
-        try:
-            return json.loads((self.path / HEADER).read_text()).get("source")
-        except (OSError, ValueError, AttributeError):
-            return None
-
-    def journaled(self) -> dict[str, tuple[int, int, str]]:
-        """{rel: (size, mtime_ns, sha256)} of files an earlier run finished."""
-        done = {}
-        try:
-            text = (self.path / JOURNAL).read_text()
-        except FileNotFoundError:
-            return done
-        for line in text.splitlines():
-            try:
-                rel, size, mtime_ns, digest = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by a kill: that file is simply copied again
-            done[rel] = (size, mtime_ns, digest)
-        return done
-
-    def create(self, src: Path) -> None:
-        self.path.mkdir(mode=0o700, exist_ok=True)
-        self.lock()
-        write_atomic(self.path / HEADER, json.dumps({"source": str(src)}))
-
-    def prune(self, keep: set[str]) -> None:
-        """Remove what an earlier run left that is neither journaled nor wanted now."""
-        for dirpath, dirnames, filenames in os.walk(self.path, topdown=False):
-            top = Path(dirpath)
-            for name in filenames:
-                rel = (top / name).relative_to(self.path).as_posix()
-                if rel not in keep and rel not in (HEADER, JOURNAL):
-                    os.unlink(top / name)
-            if top != self.path and not any(top.iterdir()):
-                top.rmdir()
-
-    def append(self, done: list[tuple[str, int, int, str]]) -> None:
-        if self._journal is None:
-            self._journal = open(self.path / JOURNAL, "a")
-        self._journal.write("".join(json.dumps(list(d)) + "\n" for d in done))
-        self._journal.flush()
-
-    def remove(self) -> None:
-        self.unlock()
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
-# ---------------------------------------------------------------- copying one file
-
-class _Limiter:
-    """A shared byte-rate limit across all threads (rsync's --bwlimit)."""
-
-    def __init__(self, rate: int):
-        self.rate = rate
-        self.lock = threading.Lock()
-        self.next = time.monotonic()
-
-    def take(self, n: int) -> None:
-        with self.lock:
-            now_ = time.monotonic()
-            start = max(self.next, now_)
-            self.next = start + n / self.rate
-        if start > now_:
-            time.sleep(start - now_)
-
-
-class _Changed(Exception):
-    pass
-
-
-@dataclass
-class _Job:
-    src: Path
-    staging: Path
-    dest: Path
-    mode: int | None
-    owner: tuple[int, int] | None
-    limiter: _Limiter | None
-    meter: NullMeter
-    stop: threading.Event
-    local: threading.local = field(default_factory=threading.local)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    recopied: int = 0       # --checksum found these changed
-
-    def buffer(self) -> memoryview:
-        buf = getattr(self.local, "buf", None)
-        if buf is None:
-            buf = self.local.buf = memoryview(bytearray(CHUNK))
-        return buf
-
-    def open_source(self, rel: str) -> int:
-        path = self.src / rel
-        if path.is_symlink():
-            path = path.resolve()
-            if not path.is_relative_to(self.src):
-                raise HotcacheError(f"{self.src / rel} became a symlink out of the source "
-                                    "while copying; run again")
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-
-    def hash_source(self, e: Entry) -> str:
-        h = hashlib.sha256()
-        fd = self.open_source(e.rel)
-        try:
-            buf = self.buffer()
-            while n := os.readv(fd, [buf]):
-                h.update(buf[:n])
-        finally:
-            os.close(fd)
-        return h.hexdigest()
-
-    def copy(self, e: Entry) -> tuple[str, int, int, str]:
-        for _ in range(3):
-            try:
-                return self._copy_once(e)
-            except _Changed:
-                continue
-        raise HotcacheError(f"{self.src / e.rel} kept changing while it was copied",
-                            hint="copy when nothing writes to the source, or exclude that file")
-
-    def _copy_once(self, e: Entry) -> tuple[str, int, int, str]:
-        target = self.staging / e.rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        sfd = self.open_source(e.rel)
-        try:
-            st = os.fstat(sfd)
-            if not stat.S_ISREG(st.st_mode):
-                raise HotcacheError(f"{self.src / e.rel} is no longer a regular file")
-            dfd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                          | os.O_CLOEXEC, 0o600)
-            try:
-                h = hashlib.sha256()
-                buf = self.buffer()
-                total = 0
-                while n := os.readv(sfd, [buf]):
-                    if self.stop.is_set():
-                        raise InterruptedError("stopped")
-                    if self.limiter:
-                        self.limiter.take(n)
-                    view = buf[:n]
-                    h.update(view)
-                    while view:
-                        view = view[os.write(dfd, view):]
-                    total += n
-                    self.meter.advance(n)
-                after = os.fstat(sfd)
-                if total != after.st_size or after.st_mtime_ns != st.st_mtime_ns:
-                    self.meter.advance(-total)
-                    raise _Changed()
-                self._finish(dfd, st)
-            finally:
-                os.close(dfd)
-        finally:
-            os.close(sfd)
-        return e.rel, st.st_size, st.st_mtime_ns, h.hexdigest()
-
-    def _finish(self, fd: int, st: os.stat_result) -> None:
-        os.fchmod(fd, self.mode if self.mode is not None else stat.S_IMODE(st.st_mode))
-        if self.owner:
-            os.fchown(fd, *self.owner)
-        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
-
-    def link(self, e: Entry, digest: str) -> tuple[str, int, int, str]:
-        """Take an unchanged file from the published copy: a hard link, no data moved."""
-        target = self.staging / e.rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.unlink(missing_ok=True)
-        try:
-            os.link(self.dest / e.rel, target, follow_symlinks=False)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOENT):
-                raise
-            return self.copy(e)
-        if self.mode is not None:
-            os.chmod(target, self.mode)
-        if self.owner:
-            os.chown(target, *self.owner)
-        self.meter.advance(e.size)
-        return e.rel, e.size, e.mtime_ns, digest
-
-    def check(self, e: Entry, digest: str) -> tuple[str, int, int, str]:
-        """--checksum: hash the source; link when it matches the published copy."""
-        if self.hash_source(e) == digest:
-            return self.link(e, digest)
-        with self.lock:
-            self.recopied += 1
-        return self.copy(e)
 
 
 # ---------------------------------------------------------------- the whole copy
@@ -512,48 +292,69 @@ def _run(src, dest, staging: Staging, plan: Plan, opts, owner, mode,
          meter) -> tuple[dict[str, str], int]:
     """Copy/link everything in the plan; returns {rel: sha256} of the whole selection and
     how many files --checksum found changed."""
-    stop = threading.Event()
-    job = _Job(src, staging.path, dest, mode, owner,
-               _Limiter(opts.bwlimit) if opts.bwlimit else None, meter, stop)
+    worker = FileCopier(src, staging.path, dest, mode, owner,
+                        Limiter(opts.bwlimit) if opts.bwlimit else None, meter)
     by_rel = {e.rel: e for e in plan.entries}
+    work = [(worker.copy, e) for e in plan.copy]
+    work += [(worker.link, by_rel[r], d) for r, d in plan.link.items()]
+    work += [(worker.check, by_rel[r], d) for r, d in plan.check.items()]
+    # Folders first, once, from this thread: the workers then only create files.
+    for folder in sorted({os.path.dirname(item[1].rel) for item in work} - {""}):
+        os.makedirs(staging.path / folder, exist_ok=True)
     digests = dict(plan.resumed)
     meter.start(f"copy {src.name} -> {dest}",
                 sum(e.size for e in plan.entries if e.rel not in plan.resumed))
-    pending: list[tuple[str, int, int, str]] = []
-    state = {"bytes": 0, "at": time.monotonic()}
+    pending: list[Done] = []
+    since = {"bytes": 0, "at": time.monotonic()}
 
     def checkpoint() -> None:
         if pending:
             fsops.syncfs(staging.path)   # data first, then the journal that vouches for it
             staging.append(pending)
             pending.clear()
-        state.update(bytes=0, at=time.monotonic())
+        since.update(bytes=0, at=time.monotonic())
 
     with ThreadPoolExecutor(max_workers=opts.jobs or default_jobs(),
                             thread_name_prefix="hotcache-copy") as pool:
-        futures = [pool.submit(job.copy, e) for e in plan.copy]
-        futures += [pool.submit(job.link, by_rel[r], d) for r, d in plan.link.items()]
-        futures += [pool.submit(job.check, by_rel[r], d) for r, d in plan.check.items()]
-        remaining = set(futures)
+        remaining = {pool.submit(_batch, batch) for batch in _batches(work)}
         try:
             while remaining:
                 done, remaining = wait(remaining, timeout=CHECKPOINT_SECONDS,
                                        return_when=FIRST_EXCEPTION)
                 for fut in done:
-                    rel, size, mtime_ns, digest = fut.result()
-                    digests[rel] = digest
-                    pending.append((rel, size, mtime_ns, digest))
-                    state["bytes"] += size
-                if (state["bytes"] >= CHECKPOINT_BYTES
-                        or time.monotonic() - state["at"] >= CHECKPOINT_SECONDS):
+                    for rel, size, mtime_ns, digest in fut.result():
+                        digests[rel] = digest
+                        pending.append((rel, size, mtime_ns, digest))
+                        since["bytes"] += size
+                if (since["bytes"] >= CHECKPOINT_BYTES
+                        or time.monotonic() - since["at"] >= CHECKPOINT_SECONDS):
                     checkpoint()
             checkpoint()
         except BaseException as exc:
-            stop.set()
+            worker.stop.set()
             pool.shutdown(wait=True, cancel_futures=True)
             _fail(exc, staging, dest, plan, checkpoint)
             raise
-    return digests, job.recopied
+    return digests, worker.recopied
+
+
+def _batches(work: list[tuple]) -> list[list[tuple]]:
+    """Group small files into batches (up to BATCH_FILES or BATCH_BYTES); a large file
+    is a batch of its own, so that large files still spread over all threads."""
+    out, batch, size = [], [], 0
+    for item in work:
+        batch.append(item)
+        size += item[1].size
+        if len(batch) >= BATCH_FILES or size >= BATCH_BYTES:
+            out.append(batch)
+            batch, size = [], 0
+    if batch:
+        out.append(batch)
+    return out
+
+
+def _batch(batch: list[tuple]) -> list[Done]:
+    return [fn(*args) for fn, *args in batch]
 
 
 def _fail(exc: BaseException, staging: Staging, dest: Path, plan: Plan, checkpoint) -> None:
@@ -586,7 +387,7 @@ def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old,
         os.chmod(dirpath, dir_mode(mode) if mode is not None else 0o755)
         if owner:
             os.chown(dirpath, *owner)
-    (staging.path / HEADER).unlink()
+    staging.seal()
     manifest.write(staging.path / MANIFEST, digests)
     meta = {
         "format": FORMAT, "complete": True, "name": name, "version": str(version),
@@ -603,7 +404,6 @@ def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old,
     for p in (staging.path / MANIFEST, staging.path / METADATA):
         if owner:
             os.chown(p, *owner)
-    (staging.path / JOURNAL).unlink(missing_ok=True)
     fsops.syncfs(staging.path)
     return meta
 

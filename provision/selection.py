@@ -25,6 +25,7 @@ class Entry:
     size: int
     mtime_ns: int
     mode: int         # permission bits of the source file
+    via_symlink: bool = False   # a symlink inside SRC to a file inside SRC
 
 
 @dataclass
@@ -56,7 +57,8 @@ def walk(src: Path) -> Selection:
                 warnings.append(f"skipped {rel}: a hotcache file name")
                 continue
             st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode):
+            link = stat.S_ISLNK(st.st_mode)
+            if link:
                 target = path.resolve()
                 if not target.is_relative_to(src):
                     warnings.append(f"skipped {rel}: symlink points out of the source ({target})")
@@ -69,7 +71,7 @@ def walk(src: Path) -> Selection:
             if not stat.S_ISREG(st.st_mode):
                 warnings.append(f"skipped {rel}: not a regular file ({_kind(st.st_mode)})")
                 continue
-            entries.append(Entry(rel, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode)))
+            entries.append(Entry(rel, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), link))
     return Selection(entries, warnings)
 
 

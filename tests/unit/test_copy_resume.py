@@ -15,13 +15,13 @@ from tests.unit.test_copy import make_dataset, sha256sum_check, tree
 
 def test_sigkill_half_way_then_resume(tmp_path, monkeypatch):
     monkeypatch.setenv("HOTCACHE_STATE", str(tmp_path / "mappings.yaml"))
-    src = make_dataset(tmp_path / "src", classes=("a", "b", "c"), n=20, size=200 << 10)
+    src = make_dataset(tmp_path / "src", classes=("a", "b", "c", "d"), n=50, size=64 << 10)
     dest = tmp_path / "ds"
     staging = tmp_path / ".ds.hotcache-staging"
     journal = staging / ".hotcache-journal"
     # --bwlimit makes the copy take ~4 s, so that it can be killed in the middle
     proc = subprocess.Popen([*HOTCACHE, "copy", str(src), str(dest), "--bwlimit", "3M",
-                             "--jobs", "2"], stdout=subprocess.DEVNULL,
+                             "--jobs", "1"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
