@@ -11,7 +11,7 @@ import typer
 JsonOpt = typer.Option(False, "--json", help="Print a JSON summary instead of text.")
 StateOpt = typer.Option(None, "--state", envvar="HOTCACHE_STATE", show_envvar=True,
                         help="Mapping file [default: /etc/hotcache/mappings.yaml].")
-JobsOpt = typer.Option(0, "--jobs", "-j", min=0,
+JobsOpt = typer.Option(0, "--jobs", "-j", min=0, show_default=False,
                        help="Parallel reader threads [default: 4 per CPU, at most 16].")
 
 

@@ -53,3 +53,23 @@ def test_sigkill_half_way_then_resume(tmp_path, monkeypatch):
     assert (dest / "SHA256SUMS").read_bytes() == (reference / "SHA256SUMS").read_bytes()
     assert sha256sum_check(dest).returncode == 0
     assert hotcache("verify", dest, "--full").returncode == 0
+
+
+def test_a_second_copy_to_the_same_dest_is_refused_while_one_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTCACHE_STATE", str(tmp_path / "mappings.yaml"))
+    src = make_dataset(tmp_path / "src", classes=("a",), n=20, size=64 << 10)
+    dest = tmp_path / "ds"
+    first = subprocess.Popen([*HOTCACHE, "copy", str(src), str(dest), "--bwlimit", "400K"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / ".ds.hotcache-staging" / ".hotcache-staging.json").exists():
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.02)
+        second = hotcache("copy", src, dest)
+        assert second.returncode == 3 and "another hotcache copy" in second.stderr
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    rc, out = hotcache_json("copy", src, dest)
+    assert rc == 0 and tree(dest) == tree(src)
