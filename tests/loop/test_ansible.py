@@ -151,6 +151,9 @@ def test_first_run_builds_the_cache(fleet):
     assert "nofail" in fleet.after_first["fstab"]
     assert fleet.after_first["units"] == ["hotcache-metrics.service", "hotcache-metrics.timer"]
     assert f'hotcache_cache_up{{cache="{fleet.cache}"}} 1.0' in fleet.after_first["textfile"]
+    check = subprocess.run(["promtool", "check", "metrics"], input=fleet.after_first["textfile"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_metrics_service_uses_the_redirected_paths(fleet):
