@@ -33,7 +33,8 @@ KERNEL_FIX = {
 # bcache keeps only cache_mode in its superblock, raw dm-cache tables vanish entirely.
 RESTORE_NEEDED = {"bcache": "its tunables ({what}) are reset to the kernel defaults at boot",
                   "dm-cache": "its device-mapper table is gone after a reboot"}
-RESTORE_COMMAND = re.compile(r"hotcache\S*\s+restore\b")  # ".../venv/bin/hotcache restore"
+# ".../venv/bin/hotcache restore [NAME] [--options]"
+RESTORE_COMMAND = re.compile(r"hotcache\S*\s+restore\b(?:\s+(?P<cache>[^-\s]\S*))?")
 UDEV_RULE_DIRS = ("/etc/udev/rules.d", "/lib/udev/rules.d", "/usr/lib/udev/rules.d")
 
 
@@ -172,23 +173,28 @@ def check_nofail(caches: dict, opts: Options) -> list[Finding]:
     return out
 
 
-def restore_installed(unit_dir: Path) -> list[str]:
-    """Unit files or udev rules that run `hotcache restore` at boot."""
+def restore_installed(unit_dir: Path, name: str) -> list[str]:
+    """Other unit files or udev rules that run `hotcache restore` for cache `name` (named,
+    or with no name: every cache) at boot."""
     candidates = [*glob.glob(str(unit_dir / "*.service"))]
     for d in UDEV_RULE_DIRS:
         candidates += glob.glob(os.path.join(d, "*hotcache*.rules"))
     found = []
     for path in candidates:
         try:
-            if RESTORE_COMMAND.search(Path(path).read_text()):
-                found.append(path)
+            text = Path(path).read_text()
         except OSError:
             continue
+        if any(m.group("cache") in (None, name) for m in RESTORE_COMMAND.finditer(text)):
+            found.append(path)
     return sorted(found)
 
 
 def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
-    restorers = None
+    """bcache tunables and raw dm-cache tables need `hotcache restore` at boot: apply
+    installs hotcache-restore-NAME.service (provision/restore.py) and enables it."""
+    from .restore import unit_name
+
     out = []
     for name, entry in sorted(caches.items()):
         backend = entry.get("backend")
@@ -197,21 +203,25 @@ def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
         tunables = entry.get("tunables") or {}
         if backend == "bcache" and not tunables:
             continue  # cache_mode lives in the superblock: nothing to restore
-        if restorers is None:
-            restorers = restore_installed(unit_dir)
-        if restorers:
-            out.append(Finding("boot-restore", OK, name,
-                               f"{', '.join(restorers)} restores {name} at boot"))
-            continue
+        unit = unit_dir / unit_name(name)
+        wants = unit_dir / "local-fs.target.wants" / unit.name
         why = RESTORE_NEEDED[backend].format(what=", ".join(f"{k}={v}" for k, v in
                                                             sorted(tunables.items())))
-        out.append(Finding(
-            "boot-restore", PROBLEM, name,
-            f"{name} ({backend}): {why}, and nothing in {unit_dir} or the udev rules runs "
-            "`hotcache restore` at boot",
-            "run `hotcache apply SPEC` again: it installs the unit that runs `hotcache "
-            "restore` before the mounts (then `systemctl enable` it if systemd is not "
-            "managing that folder)"))
+        fix = (f"run `hotcache apply SPEC` again: it installs and enables {unit.name}, which "
+               "runs `hotcache restore` before the mount")
+        if unit.is_file() and wants.is_symlink():
+            out.append(Finding("boot-restore", OK, name, f"{unit} restores {name} at boot"))
+        elif unit.is_file():
+            out.append(Finding("boot-restore", PROBLEM, name,
+                               f"{name} ({backend}): {why}, and {unit} is installed but not "
+                               "enabled", f"systemctl enable {unit.name}, or `hotcache apply SPEC` again"))
+        elif others := restore_installed(unit_dir, name):
+            out.append(Finding("boot-restore", OK, name,
+                               f"{', '.join(others)} runs `hotcache restore` at boot"))
+        else:
+            out.append(Finding("boot-restore", PROBLEM, name,
+                               f"{name} ({backend}): {why}, and nothing in {unit_dir} or the "
+                               "udev rules runs `hotcache restore` at boot", fix))
     return out
 
 
@@ -269,7 +279,7 @@ def check_space_and_copies(caches: dict, rows: dict[str, dict], opts: Options) -
                 out.append(Finding("hot-copy", PROBLEM, c["path"],
                                    f"{where} is recorded but missing or incomplete",
                                    f"copy it again with `hotcache copy SRC {c['path']}`"))
-            elif not c["verify_ok"]:
+            elif c["verify_ok"] is False:
                 out.append(Finding("hot-copy", PROBLEM, c["path"],
                                    f"{where} failed its last verification: some files differ "
                                    "from the manifest",

@@ -111,12 +111,12 @@ def _scan(root: Path, depth: int = 2):
 def _copy_row(path: str, info: dict) -> dict:
     meta = hotcopy_format.read_metadata(Path(path))
     src = meta if meta is not None else info
-    verified = _timestamp(src.get("verified_at")) or _timestamp(src.get("copied_at"))
+    verified = _timestamp(src.get("verified_at"))
     if meta is None:
         ok = False  # recorded but missing or incomplete: nothing there can be trusted
     else:
-        # A copy is published only after its hashes matched, so no verify_ok yet = ok.
-        ok = meta.get("verify_ok", True) is not False
+        # None: published without a read-back and never verified since.
+        ok = meta.get("verify_ok") if isinstance(meta.get("verify_ok"), bool) else None
     return {
         "path": path,
         "name": str(src.get("name") or info.get("name") or os.path.basename(path)),
@@ -202,18 +202,22 @@ class StatusCollector:
         values = [cache, copy["name"], copy["path"]]
         g.gauge("hot_copy_present", "1 when the hot copy is there and complete, else 0.",
                 labels).add_metric(values, int(copy["present"]))
-        g.gauge("hot_copy_verify_ok", "1 when the hot copy's last verification passed, else 0.",
-                labels).add_metric(values, int(copy["verify_ok"]))
+        if copy["verify_ok"] is not None:
+            g.gauge("hot_copy_verify_ok", "1 when the hot copy's last verification passed, 0 "
+                    "when it failed or the copy is gone (absent: never verified).",
+                    labels).add_metric(values, int(copy["verify_ok"]))
         for key, metric, help_ in (("files", "hot_copy_files", "Files in the hot copy."),
                                    ("bytes", "hot_copy_bytes", "Bytes in the hot copy.")):
             if copy[key] is not None:
                 g.gauge(metric, help_, labels).add_metric(values, copy[key])
-        if copy["verified_at"] is not None:
+        if copy["present"]:
+            # Never verified counts as verified at the epoch, so the too-old alert fires.
+            verified = copy["verified_at"] or 0.0
             g.gauge("hot_copy_verified_timestamp_seconds", "When the hot copy was last "
-                    "verified (Unix time).", labels).add_metric(values, copy["verified_at"])
+                    "verified (Unix time; 0: never).", labels).add_metric(values, verified)
             g.gauge("hot_copy_verification_age_seconds", "Seconds since the hot copy was last "
                     "verified, when these metrics were written.", labels).add_metric(
-                        values, max(0.0, self.now - copy["verified_at"]))
+                        values, max(0.0, self.now - verified))
 
 
 class _Families:

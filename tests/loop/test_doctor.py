@@ -197,3 +197,28 @@ def test_missing_program_is_a_problem_only_for_a_backend_in_use(host, monkeypatc
     assert none.severity == "problem" and none.fix == "apt-get install xfsprogs"
     (bcache,) = [f for f in found if f.subject == "bcache"]
     assert bcache.severity == "ok" and "bcache-tools" in bcache.message  # not in use
+
+
+def test_boot_restore_unit_must_be_installed_and_enabled(tmp_path):
+    from hotcache.provision.restore import unit_name
+
+    caches = {"fast": {"backend": "bcache", "tunables": {"sequential_cutoff": 0}},
+              "plain": {"backend": "bcache", "tunables": {}},  # cache_mode survives alone
+              "raw": {"backend": "dm-cache", "tunables": {}}}
+    units = tmp_path / "units"
+    units.mkdir()
+
+    def severities():
+        return {f.subject: f.severity for f in doctor.check_boot_restore(caches, units)}
+
+    assert severities() == {"fast": "problem", "raw": "problem"}
+    unit = units / unit_name("fast")
+    unit.write_text("[Service]\nExecStart=/opt/hotcache/venv/bin/hotcache restore fast --yes\n")
+    (found,) = [f for f in doctor.check_boot_restore(caches, units) if f.subject == "fast"]
+    assert found.severity == "problem" and "not enabled" in found.message
+    assert found.fix.startswith(f"systemctl enable {unit.name}")
+    (units / "local-fs.target.wants").mkdir()
+    (units / "local-fs.target.wants" / unit.name).symlink_to(unit)
+    assert severities() == {"fast": "ok", "raw": "problem"}  # fast's unit is not raw's
+    (units / "restore-all.service").write_text("[Service]\nExecStart=/usr/bin/hotcache restore --yes\n")
+    assert severities() == {"fast": "ok", "raw": "ok"}

@@ -125,6 +125,7 @@ def test_hot_copies_found_recorded_and_missing(tmp_path):
     make_copy(mp / "imagenet")                                   # found by scanning
     make_copy(mp / "sets" / "coco", name="coco", verify_ok=False)  # two levels down
     make_copy(mp / "imagenet" / "nested", name="inside")        # inside a copy: not searched
+    make_copy(mp / "raw", name="raw", verify_ok=None, verified_at=None)  # never verified
     (mp / ".x.hotcache-staging").mkdir()
     entry = {"filesystem": {"mountpoint": str(mp)},
              "hot_copies": {"gone": {"path": str(mp / "gone"), "files": 3, "bytes": 30}}}
@@ -148,6 +149,10 @@ def test_hot_copies_found_recorded_and_missing(tmp_path):
     assert got[key("hotcache_hot_copy_present", "gone", mp / "gone")] == 0
     assert got[key("hotcache_hot_copy_verify_ok", "gone", mp / "gone")] == 0
     assert not any("inside" in dict(k[1]).get("copy", "") for k in got)
+    # Never verified: no verify_ok sample (it did not fail), but as old as can be.
+    assert key("hotcache_hot_copy_verify_ok", "raw", mp / "raw") not in got
+    assert got[key("hotcache_hot_copy_verified_timestamp_seconds", "raw", mp / "raw")] == 0
+    assert got[key("hotcache_hot_copy_present", "raw", mp / "raw")] == 1
 
 
 def test_odd_hot_copies_entries_are_read_defensively(tmp_path):
