@@ -173,9 +173,12 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
     backend = get_backend(spec.backend)
     why = backend.unavailable()
     if why:
+        from .discover import backend_report
+
+        usable = [r["backend"] for r in backend_report() if r["available"]]
         raise KernelUnsupported(f"{spec.name}: backend {spec.backend} cannot run here: {why}",
-                                hint=f"see `hotcache devices --backends`; backend none works "
-                                     "on any host")
+                                hint=f"this host can use backend {', '.join(usable) or 'none'}"
+                                     " (`hotcache devices --backends` says why)")
     for program in backend.programs:
         require(program)
     roots = blockdev.root_devices()

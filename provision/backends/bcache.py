@@ -1,17 +1,266 @@
-"""Backend `bcache` (built in issue 3; for now it only reports availability)."""
+"""Backend `bcache`: the SSD becomes a cache set, the origin a backing device, and the
+filesystem goes on the bcache device, always named by /dev/bcache/by-uuid/UUID (the
+bcacheN number moves between boots).
+
+Only the cache mode lives in bcache's superblock; sequential_cutoff and the other
+tunables are forgotten at reboot, so `hotcache restore` (run by the unit apply installs)
+writes them again from the mapping.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import uuid
 
+from .. import sysfs_bcache as sb
+from ..errors import HotcacheError, KernelUnsupported
+from ..plan import Ref
+from ..wait import wait_until
+from . import state
 from .base import Backend
+
+BLOCK = "4k"               # cache and backing block sizes must match to attach
+MIN_BUCKETS = 1024         # the kernel refuses fewer ("ca->sb.nbuckets is too small")
+MAX_BUCKET = 512 * 1024    # bcache's own default bucket size
+DEFAULT_TUNABLES = {"sequential_cutoff": 0}  # dataset shards are large sequential reads
+REGISTER_TIMEOUT = 30.0
+
+
+def flush_timeout() -> float:
+    return float(os.environ.get("HOTCACHE_FLUSH_TIMEOUT", "3600"))
+
+
+def bucket_size(cache_bytes: int) -> int:
+    """The largest power-of-two bucket (at most 512 KiB) that still gives >= 1024 buckets."""
+    size = MAX_BUCKET
+    while size > 4096 and cache_bytes // size < MIN_BUCKETS:
+        size //= 2
+    return size
+
+
+def desired_tunables(tunables: dict) -> dict:
+    return {**DEFAULT_TUNABLES, **tunables}
 
 
 class Bcache(Backend):
     name = "bcache"
-    programs = ("make-bcache", "wipefs", "mkfs.xfs")
+    programs = ("make-bcache", "wipefs", "mkfs.xfs", "blkid")
 
     def unavailable(self):
-        if not Path("/sys/fs/bcache").is_dir():
-            return "the kernel has no bcache (no /sys/fs/bcache; `modprobe bcache` failed or was not run)"
-        return "not implemented yet"
+        if not sb.SYS_FS.is_dir():
+            return ("the kernel has no bcache (no /sys/fs/bcache; `modprobe bcache` failed "
+                    "or was not run)")
+        return None
+
+    def owns(self, entry, dev):
+        st = state.of(entry)
+        ours = {st.get("cache_uuid"), st.get("backing_uuid")} - {None}
+        return dev.fs.get("TYPE") == "bcache" and dev.fs.get("UUID") in ours
+
+    def build(self, p, spec, entry, devs):
+        st = state.of(entry)
+        origin, cache = devs["origin"], devs["cache"]
+        cset = st.get("cset_uuid") or str(uuid.uuid4())
+        new_cache = not (self.owns(entry, cache) and st.get("cset_uuid"))
+        new_origin = not self.owns(entry, origin)
+        if new_cache:
+            bucket = bucket_size(cache.size)
+            p.run(f"erase old signatures on the cache device {cache.ref.label}",
+                  ["wipefs", "--all", cache.node], destructive=True)
+            p.run(f"make {cache.ref.label} a bcache cache set ({cache.size // bucket} buckets "
+                  f"of {bucket // 1024} KiB)",
+                  ["make-bcache", "-C", "--bucket", f"{bucket // 1024}k", "--block", BLOCK,
+                   "--cset-uuid", cset, cache.node], destructive=True)
+        if new_origin:
+            p.run(f"erase old signatures on the origin {origin.ref.label}",
+                  ["wipefs", "--all", origin.node], destructive=True)
+            p.run(f"make {origin.ref.label} a bcache backing device",
+                  ["make-bcache", "-B", "--block", BLOCK, origin.node], destructive=True)
+        key = f"bcache-uuid:{spec.name}"
+        bdev_uuid = st.get("backing_uuid") if not new_origin else None
+        if new_cache or new_origin:
+            def uuids(ctx):
+                values = {"cset_uuid": cset,
+                          "cache_uuid": _probe_uuid(ctx, cache.node),
+                          "backing_uuid": _probe_uuid(ctx, origin.node)}
+                ctx.refs[key] = values["backing_uuid"]
+                return values
+            state.remember(p, "record the cache set and backing device UUIDs in the mapping",
+                           uuids)
+
+        live = bdev_uuid is not None and isinstance(origin.node, str) \
+            and sb.is_registered(origin.node) and sb.set_dir(cset).is_dir()
+        if not live:
+            p.do(f"register {cache.ref.label} and {origin.ref.label} with the kernel "
+                 "(udev may have done it already)",
+                 lambda ctx: register(ctx.resolve(cache.node), ctx.resolve(origin.node), cset))
+        if not live or sb.attached_set(origin.node) != cset:
+            p.do(f"attach the backing device to cache set {cset}",
+                 lambda ctx: attach(ctx.resolve(origin.node), cset))
+        if bdev_uuid is not None:
+            target: str | Ref = str(sb.BY_UUID / bdev_uuid)
+        else:
+            target = Ref(f"bcache-node:{spec.name}", "/dev/bcache/by-uuid/<new backing UUID>")
+        if not live or not os.path.exists(str(target)):
+            def linked(ctx):
+                u = ctx.refs.get(key) or bdev_uuid
+                node = wait_for_link(u)
+                if isinstance(target, Ref):
+                    ctx.refs[target.key] = node
+            p.do("wait for udev's /dev/bcache/by-uuid link", linked)
+        if new_origin:
+            # make-bcache wrote only its own superblock: an old filesystem 8 KiB in would
+            # show through the new device and stop mkfs.
+            p.run("erase old signatures showing through the new bcache device",
+                  ["wipefs", "--all", target], destructive=True)
+        self._plan_tunables(p, spec, origin.node, cset, live)
+        from ..restore import plan_unit
+
+        plan_unit(p, spec)
+        return target
+
+    def _plan_tunables(self, p, spec, node, cset: str, live: bool) -> None:
+        want = {"cache_mode": spec.effective_mode, **desired_tunables(spec.tunables)}
+        for key, value in want.items():
+            if live:
+                path = sb.tunable_path(key, node, cset)
+                current = sb.read(path)
+                current = sb.selected(current) if key == "cache_mode" else current
+                if sb.same_value(key, current, value):
+                    continue
+            p.do(f"set bcache {key} to {value}",
+                 lambda ctx, k=key, v=value: sb.write(
+                     sb.tunable_path(k, ctx.resolve(node), cset), str(v)))
+
+    def stats(self, entry, runner):
+        from ..status import current_node
+
+        st = state.of(entry)
+        node, cset = current_node(entry, "origin"), st.get("cset_uuid")
+        if node is None or not sb.is_registered(node):
+            raise HotcacheError("the bcache backing device is not registered; run "
+                                "`hotcache restore`")
+        d = sb.bdev_dir(node)
+        hits = int(sb.read(d / "stats_total" / "cache_hits"))
+        misses = int(sb.read(d / "stats_total" / "cache_misses"))
+        total = _cache_bytes(entry)
+        unused = sb.unused_percent(cset) if cset else None
+        policy_file = sb.set_dir(cset) / "cache0" / "cache_replacement_policy"
+        return {
+            "mode": sb.selected(sb.read(d / "cache_mode")),
+            "policy": sb.selected(sb.read(policy_file)) if policy_file.exists() else None,
+            "state": sb.read(d / "state"),
+            "hits": hits, "misses": misses,
+            "hit_ratio": round(hits / (hits + misses), 4) if hits + misses else None,
+            "dirty_bytes": sb.parse_human(sb.read(d / "dirty_data")),
+            "cache_used_bytes": None if unused is None or total is None
+            else total * (100 - unused) // 100,
+            "cache_total_bytes": total,
+            "promotions": None,   # bcache fills on every miss; it has no promotion counter
+            "sequential_cutoff": sb.parse_human(sb.read(d / "sequential_cutoff")),
+        }
+
+    def dismantle(self, p, entry):
+        from ..restore import remove_unit
+        from ..status import current_node
+
+        st = state.of(entry)
+        node, cset = current_node(entry, "origin"), st.get("cset_uuid")
+        if node and sb.is_registered(node):
+            if sb.attached_set(node):
+                p.do("detach the cache set (bcache first writes every dirty block back to "
+                     "the origin) and wait for state `no cache`", lambda ctx: detach(node))
+            p.do(f"stop the bcache device on {node}", lambda ctx: stop_backing(node))
+        if cset and sb.set_dir(cset).is_dir():
+            p.do(f"unregister cache set {cset}", lambda ctx: unregister_set(cset))
+        remove_unit(p, p.cache)
+        if node:
+            p.plan.notes.append(f"{node} keeps its bcache superblock; the filesystem on it "
+                                "starts 8 KiB in (`teardown --wipe` erases the superblock)")
+
+
+def _cache_bytes(entry: dict) -> int | None:
+    size = entry.get("devices", {}).get("cache", {}).get("size")
+    return int(size) if size else None
+
+
+def _probe_uuid(ctx, node) -> str:
+    res = ctx.runner.run(["blkid", "--probe", "--match-tag", "UUID", "--output", "value",
+                          ctx.resolve(node)])
+    return res.stdout.strip()
+
+
+# --- run-time actions (sysfs writes, bounded waits) -------------------------------
+
+def register(cache_node: str, origin_node: str, cset: str) -> None:
+    """Register both devices. udev's bcache rule usually does it first, and a second
+    registration fails with EINVAL ("already registered"): tolerate it, then check."""
+    for node in (cache_node, origin_node):
+        try:
+            sb.write(sb.SYS_FS / "register", os.path.realpath(node))
+        except OSError:
+            pass  # already registered (udev did it) or a real failure: the wait tells
+    wait_until("bcache to register the cache set and the backing device",
+               lambda: (sb.set_dir(cset).is_dir() and sb.is_registered(origin_node),
+                        "not registered yet"),
+               timeout=REGISTER_TIMEOUT,
+               hint="check `dmesg` for bcache errors (block size mismatch, too few buckets)")
+
+
+def attach(origin_node: str, cset: str) -> None:
+    if sb.attached_set(origin_node) == cset:
+        return
+    current = sb.attached_set(origin_node)
+    if current is not None:
+        raise KernelUnsupported(f"{origin_node} is attached to another cache set {current}",
+                                hint="take that cache down first")
+    sb.write(sb.bdev_dir(origin_node) / "attach", cset)
+
+
+def wait_for_link(bdev_uuid: str) -> str:
+    link = sb.BY_UUID / bdev_uuid
+    from ..runner import Runner
+
+    runner = Runner()
+    runner.run(["udevadm", "settle", "--timeout=10"], check=False)
+
+    def there():
+        if link.exists():
+            return True, "present"
+        runner.run(["udevadm", "trigger", "--subsystem-match=block", "--action=change"],
+                   check=False)
+        runner.run(["udevadm", "settle", "--timeout=5"], check=False)
+        return link.exists(), "link missing"
+    wait_until(f"udev to create {link}", there, timeout=REGISTER_TIMEOUT, interval=1.0)
+    return str(link)
+
+
+def detach(origin_node: str) -> None:
+    d = sb.bdev_dir(origin_node)
+    sb.write(d / "detach", "1")
+
+    def detached():
+        if not d.is_dir():
+            return True, "gone"
+        st = sb.read(d / "state")
+        return st == "no cache", f"state {st}, {sb.read(d / 'dirty_data')} dirty"
+    wait_until(f"bcache to write back dirty data from {origin_node} and detach", detached,
+               timeout=flush_timeout(),
+               hint="dirty data is still on the SSD; keep the cache and run teardown again "
+                    "(HOTCACHE_FLUSH_TIMEOUT sets how long to wait)")
+
+
+def stop_backing(origin_node: str) -> None:
+    d = sb.bdev_dir(origin_node)
+    if d.is_dir():
+        sb.write(d / "stop", "1")
+    wait_until(f"bcache to stop the device on {origin_node}",
+               lambda: (not d.is_dir(), "still registered"), timeout=REGISTER_TIMEOUT)
+
+
+def unregister_set(cset: str) -> None:
+    d = sb.set_dir(cset)
+    if d.is_dir():
+        sb.write(d / "unregister", "1")
+    wait_until(f"bcache to unregister cache set {cset}",
+               lambda: (not d.is_dir(), "still registered"), timeout=REGISTER_TIMEOUT)

@@ -1,17 +1,210 @@
-"""Backend `dm-cache` (built in issue 3; for now it only reports availability)."""
+"""Backend `dm-cache`: raw device-mapper tables through dmsetup.
+
+The SSD is split by two linear targets into metadata (sized by `cache_metadata_size`) and
+data; a `cache` target joins them with the origin. Tables vanish at reboot, so the
+geometry is kept in the mapping and `hotcache restore` loads the same tables again (the
+metadata is zeroed only when the cache is first built, never on restore).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
+from ..dmtable import CacheTable, cache_stats, parse_status, parse_table
+from ..errors import CommandFailed, HotcacheError
+from ..plan import Ref
+from ..runner import Runner
+from ..wait import wait_until
+from . import state
 from .base import Backend
+
+DEFAULT_BLOCK = 64 * 1024     # bytes: small blocks suit many small dataset files
+MIB = 2048                    # sectors
+
+
+def flush_timeout() -> float:
+    from .bcache import flush_timeout as t
+    return t()
+
+
+def dm_names(cache: str) -> dict[str, str]:
+    base = f"hc-{cache}"
+    return {"cache": base, "meta": f"{base}-meta", "data": f"{base}-data"}
+
+
+def live_table(name: str, runner: Runner) -> str | None:
+    res = runner.query(["dmsetup", "table", name], check=False)
+    return res.stdout.strip() if res.returncode == 0 and res.stdout.strip() else None
+
+
+def metadata_sectors(runner: Runner, ssd_sectors: int, block: int) -> int:
+    """`cache_metadata_size` for the whole SSD, rounded up to whole MiB."""
+    res = runner.query(["cache_metadata_size", "--block-size", str(block),
+                        "--device-size", str(ssd_sectors), "--max-hint-width", "4"])
+    m = re.search(r"(\d+)\s*sectors", res.stdout)
+    if not m:
+        raise HotcacheError(f"cannot read the output of cache_metadata_size: {res.stdout!r}")
+    return -(-int(m.group(1)) // MIB) * MIB
+
+
+def _text(p, key: str, render, *nodes) -> "str | Ref":
+    """A table naming device nodes; when a node is only known at run time (a loop device
+    not attached yet), a step fills it in then."""
+    if all(isinstance(n, str) for n in nodes):
+        return render(*nodes)
+    shown = render(*(str(n) for n in nodes))
+    p.do(f"fill in the table `{shown}` with the attached device",
+         lambda ctx: ctx.refs.__setitem__(key, render(*(ctx.resolve(n) for n in nodes))))
+    return Ref(key, shown)
 
 
 class DmCache(Backend):
     name = "dm-cache"
-    programs = ("dmsetup", "cache_metadata_size", "mkfs.xfs")
+    programs = ("dmsetup", "cache_metadata_size", "mkfs.xfs", "dd", "wipefs")
 
     def unavailable(self):
         from ..discover import kernel_has
 
         if not kernel_has("device-mapper"):
             return "the kernel has no device-mapper (`dmsetup version` cannot reach it)"
-        return "not implemented yet"
+        return None
+
+    def owns(self, entry, dev):
+        st = state.of(entry)
+        if not st.get("data_sectors"):
+            return False
+        recorded = (entry or {}).get("filesystem", {}).get("uuid")
+        if dev.role == "origin" and recorded and dev.fs.get("UUID") == recorded:
+            return True
+        holders = dev.report.holders if dev.report else []
+        names = set(st.get("names", {}).values())
+        return bool(holders) and all(_dm_name(h) in names for h in holders) \
+            or (dev.role == "cache" and not dev.fs)
+
+    def geometry(self, p, spec, st, devs) -> dict:
+        if st.get("data_sectors"):
+            return {k: st[k] for k in ("block_sectors", "meta_sectors", "data_sectors")}
+        block = int(spec.tunables.get("block_size", DEFAULT_BLOCK))
+        if block % 32768 or not 32768 <= block <= 2**30:
+            p.refuse(f"{spec.name}.tunables.block_size: {block} must be a multiple of 32768 "
+                     "bytes (32 KiB) between 32 KiB and 1 GiB")
+            block = DEFAULT_BLOCK
+        block //= 512
+        ssd = devs["cache"].size // 512
+        meta = metadata_sectors(p.env.runner, ssd, block)
+        data = (ssd - meta) // block * block
+        if data < 16 * block:
+            p.refuse(f"{spec.name}.cache: the SSD is too small for dm-cache with {block * 512} "
+                     "byte blocks")
+        return {"block_sectors": block, "meta_sectors": meta, "data_sectors": data}
+
+    def build(self, p, spec, entry, devs):
+        st = state.of(entry)
+        runner = p.env.runner
+        names = dm_names(spec.name)
+        origin, cache = devs["origin"], devs["cache"]
+        geo = self.geometry(p, spec, st, devs)
+        if p.refusals:
+            return f"/dev/mapper/{names['cache']}"
+        fresh = not st.get("data_sectors") or not self.owns(entry, origin)
+        meta, data = geo["meta_sectors"], geo["data_sectors"]
+        want = CacheTable(origin.size // 512, f"/dev/mapper/{names['meta']}",
+                          f"/dev/mapper/{names['data']}", "ORIGIN", geo["block_sectors"],
+                          spec.effective_mode, [], spec.tunables.get("policy", "smq"),
+                          _policy_args(spec.tunables))
+        current = live_table(names["cache"], runner)
+        if current is None:
+            if fresh:
+                p.run(f"erase old signatures on the cache device {cache.ref.label}",
+                      ["wipefs", "--all", cache.node], destructive=True)
+            for part, start, length in (("meta", 0, meta), ("data", meta, data)):
+                if live_table(names[part], runner) is None:
+                    table = _text(p, f"dm-{part}:{spec.name}",
+                                  lambda n, s=start, l=length: f"0 {l} linear {n} {s}",
+                                  cache.node)
+                    p.run(f"map {length // MIB} MiB of the SSD as cache {part}data"
+                          if part == "meta" else f"map {length // MIB} MiB of the SSD as "
+                          "cache blocks", ["dmsetup", "create", names[part], "--table", table])
+            if fresh:
+                p.run("zero the metadata superblock (a new, empty cache)",
+                      ["dd", "if=/dev/zero", f"of=/dev/mapper/{names['meta']}", "bs=4096",
+                       "count=1", "oflag=direct"], destructive=True)
+            table = _text(p, f"dm-cache:{spec.name}",
+                          lambda n: dataclasses.replace(want, origin=n).render(), origin.node)
+            p.run(f"create the cache device ({spec.effective_mode}, policy {want.policy}, "
+                  f"{want.block * 512 // 1024} KiB blocks)",
+                  ["dmsetup", "create", names["cache"], "--table", table])
+        else:
+            live = parse_table(current)
+            if (live.mode, live.policy, live.policy_args) != (want.mode, want.policy,
+                                                             want.policy_args):
+                new = dataclasses.replace(live, mode=want.mode, policy=want.policy,
+                                          policy_args=want.policy_args)
+                p.run(f"load the table with mode {want.mode}, policy {want.policy} "
+                      f"(was {live.mode}, {live.policy})",
+                      ["dmsetup", "reload", names["cache"], "--table", new.render()])
+                p.run("switch to the new table in place (no rebuild)",
+                      ["dmsetup", "resume", names["cache"]])
+        if st.get("data_sectors") != data or st.get("names") != names:
+            state.remember(p, "record the dm-cache geometry and table names in the mapping",
+                           lambda ctx: {**geo, "names": names,
+                                        "table": want.render().replace("ORIGIN", "<origin>")})
+        from ..restore import plan_unit
+
+        plan_unit(p, spec)
+        return f"/dev/mapper/{names['cache']}"
+
+    def stats(self, entry, runner):
+        names = state.of(entry).get("names") or dm_names(entry["spec"]["name"])
+        res = runner.run(["dmsetup", "status", names["cache"]])
+        return cache_stats(parse_status(res.stdout))
+
+    def dismantle(self, p, entry):
+        from ..restore import remove_unit
+
+        runner = p.env.runner
+        names = state.of(entry).get("names") or dm_names(p.cache)
+        current = live_table(names["cache"], runner)
+        if current is not None:
+            live = parse_table(current)
+            cleaner = dataclasses.replace(live, policy="cleaner", policy_args=[])
+            p.run("switch the cache to the cleaner policy, which writes every dirty block "
+                  "back to the origin", ["dmsetup", "reload", names["cache"], "--table",
+                                         cleaner.render()])
+            p.run("activate the cleaner table", ["dmsetup", "resume", names["cache"]])
+            p.do("wait until the cache holds 0 dirty blocks",
+                 lambda ctx: wait_clean(names["cache"], ctx.runner))
+            p.run("remove the cache device", ["dmsetup", "remove", "--retry", names["cache"]])
+        for part in ("data", "meta"):
+            if live_table(names[part], runner) is not None:
+                p.run(f"remove the cache {part} mapping",
+                      ["dmsetup", "remove", "--retry", names[part]])
+        remove_unit(p, p.cache)
+
+
+def _policy_args(tunables: dict) -> list[str]:
+    if "migration_threshold" in tunables:
+        return ["migration_threshold", str(tunables["migration_threshold"])]
+    return []
+
+
+def _dm_name(kname: str) -> str | None:
+    try:
+        with open(f"/sys/class/block/{kname}/dm/name") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def wait_clean(name: str, runner: Runner) -> None:
+    def clean():
+        try:
+            st = parse_status(runner.run(["dmsetup", "status", name]).stdout)
+        except CommandFailed as exc:
+            return False, str(exc)
+        return st["dirty_blocks"] == 0, f"{st['dirty_blocks']} dirty blocks"
+    wait_until(f"dm-cache {name} to write its dirty blocks back", clean,
+               timeout=flush_timeout(), interval=1.0,
+               hint="the cache still holds dirty blocks and was NOT removed; run teardown "
+                    "again to keep flushing (HOTCACHE_FLUSH_TIMEOUT sets how long to wait)")

@@ -1,0 +1,219 @@
+"""Benchmark: reading a dataset of many small files through each block cache, against the
+bare throttled origin (the floor) and the bare unthrottled SSD (the ceiling no cache can
+pass), all measured in the same guest boot.
+
+The guest is the stock Debian kernel under QEMU (TCG, virtme-ng). The "HDD" disk is
+throttled like one (`throttling.iops-total=150,throttling.bps-total=157286400`, about
+145 IOPS in the guest). Each backend gets its own SSD/HDD partition pair, built with
+`hotcache apply` in a mode that does not cache (bcache `none`, dm-cache and lvmcache
+`passthrough`); the dataset is written to the origin through it, then `hotcache apply`
+switches the mode to writethrough in place, so the cache starts empty. The page cache
+is dropped before every pass.
+
+- bcache: passes 1-3 (pass 1 fills the cache: every miss is cached with
+  sequential_cutoff 0).
+- dm-cache, lvmcache: pass 1 cold, then `hotcache warm` (re-reads until the promotion
+  counter stops rising), then two passes.
+
+Run as root on the host:  .venv/bin/python bench/bench_vm_cache.py [--files 2000] [--kib 100]
+Goals: bcache >= 0.8x the bare SSD on pass 2; dm-cache and lvmcache >= 0.8x the bare SSD
+on the first pass after `hotcache warm`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+VENV = REPO / ".venv"
+SSD_PARTS, HDD_PARTS = (300, 300, 300), (480, 480, 480)   # MiB; the 4th takes the rest
+SSD_MIB, HDD_MIB = 1280, 1984
+BACKENDS = {"bcache": (1, "none"), "dm-cache": (2, "passthrough"),
+            "lvmcache": (3, "passthrough")}
+THROTTLE = "cache=none,throttling.iops-total=150,throttling.bps-total=157286400"
+
+
+# --- host side ---------------------------------------------------------------------
+
+def host(args) -> int:
+    work = Path(tempfile.mkdtemp(prefix="hotcache-bench-vm-"))
+    for name, mib in (("ssd", SSD_MIB), ("hdd", HDD_MIB)):
+        with open(work / f"{name}.img", "wb") as f:
+            f.truncate(mib * 2**20)
+    out = work / "out"
+    out.mkdir()
+    drives = (f"-drive if=none,id=ssd,file={work}/ssd.img,format=raw,cache=unsafe "
+              f"-device virtio-blk-pci,drive=ssd,serial=ssd "
+              f"-drive if=none,id=hdd,file={work}/hdd.img,format=raw,{THROTTLE} "
+              f"-device virtio-blk-pci,drive=hdd,serial=hdd")
+    command = (f"cd {REPO} && PYTHONDONTWRITEBYTECODE=1 {VENV}/bin/python "
+               f"bench/bench_vm_cache.py --guest {out} --files {args.files} --kib {args.kib}"
+               f" > {out}/guest.log 2>&1")
+    argv = ["timeout", "--kill-after=30", "1500", f"{VENV}/bin/vng", "--disable-kvm",
+            "--run", sorted(Path("/boot").glob("vmlinuz-*-amd64"))[-1], "--cpus", "2",
+            "--memory", "1G", "--rwdir", out, f"--qemu-opts={drives}", "--exec", command]
+    t0 = time.monotonic()
+    proc = subprocess.run([str(a) for a in argv], stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          errors="replace",
+                          env={**os.environ, "PATH": f"{VENV}/bin:{os.environ['PATH']}"})
+    log = out / "guest.log"
+    sys.stdout.write(log.read_text() if log.exists() else proc.stdout[-5000:])
+    print(f"(boot and benchmark: {time.monotonic() - t0:.0f} s wall; files in {work})")
+    for image in ("ssd.img", "hdd.img"):
+        (work / image).unlink()
+    return 0 if (out / "results.json").exists() else 1
+
+
+# --- guest side --------------------------------------------------------------------
+
+def sh(*argv, input=None) -> str:
+    return subprocess.run([str(a) for a in argv], check=True, capture_output=True, text=True,
+                          input=input).stdout
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def write_dataset(folder: Path, files: int, size: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(7)
+    for i in range(files):
+        (folder / f"f{i:05d}.bin").write_bytes(rng.randbytes(size))
+    os.sync()
+
+
+def read_pass(folder: Path) -> float:
+    """files/s reading every file once, in name order, page cache dropped first."""
+    drop_caches()
+    names = sorted(folder.iterdir())
+    t0 = time.monotonic()
+    for p in names:
+        with open(p, "rb", buffering=0) as f:
+            while f.read(1 << 20):
+                pass
+    return len(names) / (time.monotonic() - t0)
+
+
+def hotcache(*args) -> None:
+    from typer.testing import CliRunner
+
+    from hotcache.provision.cli import app
+
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    if res.exit_code != 0:
+        raise SystemExit(f"hotcache {' '.join(map(str, args))} failed:\n{res.output}\n"
+                         f"{res.exception}")
+
+
+def spec(backend: str, mode: str, root: Path, persist: Path) -> Path:
+    import yaml
+
+    n = BACKENDS[backend][0]
+    path = persist / f"{backend}.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "caches": [{
+        "name": backend.replace("-", ""), "backend": backend, "mode": mode,
+        "origin": f"/dev/disk/by-id/virtio-hdd-part{n}",
+        "cache": f"/dev/disk/by-id/virtio-ssd-part{n}",
+        "filesystem": {"mountpoint": str(root / backend)}}]}))
+    return path
+
+
+def guest(args) -> int:
+    out = Path(args.guest)
+    persist = Path("/tmp/bench-state")
+    persist.mkdir()
+    os.environ.update(HOTCACHE_STATE=str(persist / "m.yaml"),
+                      HOTCACHE_FSTAB=str(persist / "fstab"),
+                      HOTCACHE_UNIT_DIR=str(persist / "units"))
+    sh("modprobe", "-a", "dm-mod", "dm-cache", "dm-cache-smq", "bcache", "xfs")
+    for disk, parts in (("ssd", SSD_PARTS), ("hdd", HDD_PARTS)):
+        layout = "label: gpt\n" + "".join(f",{m}M\n" for m in parts) + ",\n"
+        sh("sfdisk", "--quiet", f"/dev/disk/by-id/virtio-{disk}", input=layout)
+    sh("udevadm", "settle")
+    root = Path("/tmp/bench")
+    size = args.kib * 1024
+    log = lambda text: print(text, flush=True)  # noqa: E731
+    log(f"dataset: {args.files} files of {args.kib} KiB; origin throttled ({THROTTLE})")
+
+    results: dict[str, list[float]] = {}
+    warmed: dict[str, dict] = {}
+    for label, disk in (("bare origin", "hdd"), ("bare SSD", "ssd")):
+        dev = f"/dev/disk/by-id/virtio-{disk}-part4"
+        mp = root / disk
+        mp.mkdir(parents=True)
+        sh("mkfs.xfs", "-q", "-s", "size=4096", dev)
+        sh("mount", "-o", "noatime", dev, mp)
+        write_dataset(mp / "data", args.files, size)
+        results[label] = [read_pass(mp / "data") for _ in range(2)]
+        log(f"{label}: {', '.join(f'{v:.0f}' for v in results[label])} files/s")
+    for backend, (_, cold_mode) in BACKENDS.items():
+        t0 = time.monotonic()
+        hotcache("apply", spec(backend, cold_mode, root, persist), "--yes")
+        data = root / backend / "data"
+        write_dataset(data, args.files, size)
+        hotcache("apply", spec(backend, "writethrough", root, persist), "--yes")
+        passes = [read_pass(data)]
+        if backend == "bcache":
+            passes += [read_pass(data) for _ in range(2)]
+        else:
+            from hotcache.provision.warm import warm
+
+            report = warm(data, state=persist / "m.yaml", max_passes=args.max_warm)
+            warmed[backend] = {"passes": len(report["passes"]), "stopped": report["stopped"],
+                               "promotions": (report["after"] or {}).get("promotions")}
+            passes += [read_pass(data) for _ in range(2)]
+        results[backend] = passes
+        extra = f" (hotcache warm: {warmed[backend]})" if backend in warmed else ""
+        log(f"{backend}: {', '.join(f'{v:.0f}' for v in passes)} files/s "
+            f"[{time.monotonic() - t0:.0f} s]{extra}")
+
+    ssd = max(results["bare SSD"])
+    origin = max(results["bare origin"])
+    log("")
+    log(f"baselines: bare SSD {ssd:.0f} files/s (the ceiling), bare throttled origin "
+        f"{origin:.0f} files/s")
+    log("| device | pass | files/s | x bare SSD | x bare origin |")
+    log("|---|---|---|---|---|")
+    for label, passes in results.items():
+        names = [f"{i}" for i in range(1, len(passes) + 1)]
+        if label in warmed:
+            names = ["1 (cold)", "after warm", "after warm +1"]
+        for name, v in zip(names, passes):
+            log(f"| {label} | {name} | {v:.0f} | {v / ssd:.2f} | {v / origin:.1f} |")
+    goals = {"bcache pass 2": results["bcache"][1] / ssd}
+    for b in warmed:
+        goals[f"{b} first pass after warm"] = results[b][1] / ssd
+    for what, ratio in goals.items():
+        log(f"goal {what} >= 0.8x bare SSD: {ratio:.2f}x "
+            f"{'met' if ratio >= 0.8 else 'NOT met'}")
+    (out / "results.json").write_text(json.dumps(
+        {"files": args.files, "kib": args.kib, "files_per_s": results, "warm": warmed,
+         "ratios_to_ssd": goals}, indent=2))
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=2000)
+    ap.add_argument("--kib", type=int, default=100)
+    ap.add_argument("--max-warm", type=int, default=8, help="hotcache warm --max-passes")
+    ap.add_argument("--guest", help=argparse.SUPPRESS)  # set when running inside the guest
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("run as root (it boots a QEMU guest and builds caches in it)")
+    return guest(args) if args.guest else host(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

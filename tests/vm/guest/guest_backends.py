@@ -1,0 +1,159 @@
+"""Boot 1: each backend through apply, idempotence, I/O, statistics, a mode change in
+place, a writeback teardown checked file by file on the bare origin, then a fresh cache
+left for the simulated reboot (guest_reboot.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from vmlib import (MOUNTS, PERSIST, checksums, drop_caches, hotcache, name_of, poll,
+                      sh, spec_for, status, write_files)
+
+from cases import BACKENDS, PARTITION
+
+STATS_KEYS = {"hits", "misses", "hit_ratio", "dirty_bytes", "cache_used_bytes",
+              "cache_total_bytes", "promotions", "policy", "state", "mode"}
+REBOOT_TUNABLES = {"bcache": {"writeback_percent": 20},
+                   "dm-cache": {"migration_threshold": 4096},
+                   "lvmcache": {"migration_threshold": 4096}}
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+def data_dir(backend: str) -> Path:
+    return MOUNTS / backend / "data"
+
+
+def test_apply(backend):
+    res = hotcache("apply", spec_for(backend), "--yes")
+    assert res.code == 0, res.out
+    st = status(backend)
+    assert st["ok"], st["problems"]
+    assert st["mounted"] and st["noatime"] and st["fs_uuid_matches"]
+    assert st["mode"] == "writethrough"
+    cache = st["cache"]
+    assert STATS_KEYS <= set(cache), cache
+    assert cache["mode"] == "writethrough"
+    assert cache["cache_total_bytes"] > 0
+    if backend == "bcache":
+        assert st["cached_device"].startswith("/dev/bcache/by-uuid/")
+        assert cache["sequential_cutoff"] == 0
+    unit = PERSIST / "units" / f"hotcache-restore-{name_of(backend)}.service"
+    assert f"restore {name_of(backend)} --yes" in unit.read_text()
+
+
+def test_second_apply_changes_nothing(backend):
+    res = hotcache("apply", spec_for(backend), "--yes", "--json")
+    assert res.code == 0, res.out
+    assert res.json["changed"] is False, res.json["steps"]
+    assert res.json["unchanged"] == [name_of(backend)]
+
+
+def test_write_and_read_back(backend):
+    sums = write_files(data_dir(backend), 40, 256 * 1024, "a")
+    (PERSIST / f"sums-a-{backend}.json").write_text(json.dumps(sums))
+    drop_caches()
+    assert checksums(data_dir(backend)) == sums
+
+
+def test_status_shows_hits(backend):
+    for _ in range(4):          # dm-cache's smq promotes only blocks read again and again
+        drop_caches()
+        checksums(data_dir(backend))
+    cache = poll("cache hits in status",  # bcache folds counters in every ~5 s
+                 lambda: (c := status(backend)["cache"])["hits"] > 0 and c)
+    assert cache["hit_ratio"] is not None and 0 < cache["hit_ratio"] <= 1
+    assert cache["cache_used_bytes"] > 0
+
+
+def test_mode_change_in_place(backend):
+    fs_uuid = status(backend)
+    plan = hotcache("plan", spec_for(backend, mode="writeback"), "--json")
+    assert plan.code == 0, plan.out
+    steps = plan.json["steps"]
+    assert steps and not any(s["destructive"] for s in steps), steps
+    assert not any((s["argv"] or [""])[0] in ("mkfs.xfs", "make-bcache", "wipefs")
+                   for s in steps), steps
+    res = hotcache("apply", spec_for(backend, mode="writeback"), "--yes")
+    assert res.code == 0, res.out
+    st = status(backend)
+    assert st["cache"]["mode"] == "writeback" and st["mode"] == "writeback"
+    assert st["mounted"] and st["fs_uuid_matches"] and fs_uuid["cached_device"] == st["cached_device"]
+    sums = json.loads((PERSIST / f"sums-a-{backend}.json").read_text())
+    assert checksums(data_dir(backend)) == sums
+
+
+def test_teardown_writeback_loses_nothing(backend):
+    folder = data_dir(backend)
+    # Overwrite in place (same disk blocks) files the cache already holds: writeback hits
+    # stay dirty on the SSD. Add new files too; checksum everything the filesystem holds.
+    for i in range(40):
+        with open(folder / f"a{i:04d}.bin", "r+b") as f:
+            f.write(os.urandom(256 * 1024))
+    write_files(folder, 20, 256 * 1024, "b")
+    sh("sync")
+    want = checksums(folder)
+    dirty = poll("dirty data in the writeback cache",
+                 lambda: status(backend)["cache"]["dirty_bytes"], timeout=15)
+    assert dirty > 0
+    res = hotcache("teardown", name_of(backend), "--yes")
+    assert res.code == 0, res.out
+    assert hotcache("status", "--json").json["caches"] == [] or \
+        name_of(backend) not in [c["name"] for c in hotcache("status", "--json").json["caches"]]
+    assert checksums_on_bare_origin(backend) == want
+    free_origin(backend)
+
+
+def checksums_on_bare_origin(backend: str) -> dict[str, str]:
+    """Mount what is left on the origin, read-only, without any cache in front."""
+    n = PARTITION[backend]
+    origin = f"/dev/disk/by-id/virtio-hdd-part{n}"
+    mp = Path(f"/tmp/hcvm-bare-{backend}")
+    mp.mkdir(exist_ok=True)
+    loop = None
+    if backend == "bcache":
+        show = sh("bcache-super-show", origin).stdout
+        first = int(next(l.split()[1] for l in show.splitlines()
+                         if l.startswith("dev.data.first_sector")))
+        loop = sh("losetup", "--find", "--show", "--read-only", "--offset", first * 512,
+                  origin).stdout.strip()
+        device = loop
+    elif backend == "dm-cache":
+        device = origin
+    else:
+        device = "/dev/hc_lvmcache/data"
+    sh("mount", "-o", "ro", device, mp)
+    try:
+        return checksums(mp / "data")
+    finally:
+        sh("umount", mp)
+        if loop:
+            sh("losetup", "--detach", loop)
+
+
+def free_origin(backend: str) -> None:
+    """What an administrator does after checking the data: release the devices."""
+    n = PARTITION[backend]
+    if backend == "lvmcache":
+        cfg = ["--config", "devices { use_devicesfile=0 }"]
+        sh("vgremove", *cfg, "--yes", "--force", "hc_lvmcache")
+        sh("pvremove", *cfg, "--yes", f"/dev/disk/by-id/virtio-hdd-part{n}", check=False)
+    for disk in ("ssd", "hdd"):
+        sh("wipefs", "--all", f"/dev/disk/by-id/virtio-{disk}-part{n}")
+    sh("udevadm", "settle")
+
+
+def test_prepare_reboot(backend):
+    spec = spec_for(backend, mode="writeback", tunables=REBOOT_TUNABLES[backend])
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    sums = write_files(data_dir(backend), 30, 128 * 1024, "r")
+    (PERSIST / f"sums-r-{backend}.json").write_text(json.dumps(sums))
+    assert status(backend)["ok"]
+    sh("umount", MOUNTS / backend)  # what shutdown does; the cache device stays as it is

@@ -1,0 +1,109 @@
+"""Guest-side helpers: run only inside the QEMU guest that tests/vm/test_guest_kernel.py
+boots (real bcache and device-mapper). Everything persistent (mapping, fstab, units,
+recorded checksums) lives in HOTCACHE_VM_PERSIST, a folder on the host that survives the
+simulated reboot like /etc would."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cases import HDD_PARTS_MIB, PARTITION, SSD_PARTS_MIB  # noqa: E402
+
+PERSIST = Path(os.environ.get("HOTCACHE_VM_PERSIST", "/tmp/hcvm-persist"))
+MOUNTS = Path("/tmp/hcvm")
+SSD, HDD = "/dev/disk/by-id/virtio-ssd", "/dev/disk/by-id/virtio-hdd"
+
+
+def sh(*argv, check=True, input=None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in argv], check=check, capture_output=True,
+                          text=True, input=input)
+
+
+class Result:
+    def __init__(self, code: int, out: str):
+        self.code, self.out = code, out
+
+    @property
+    def json(self):
+        return json.loads(self.out)
+
+
+def hotcache(*args: str) -> Result:
+    """The CLI, in this process (a new Python costs ~3 s under emulation)."""
+    from typer.testing import CliRunner
+
+    from hotcache.provision.cli import app
+    from hotcache.provision.errors import HotcacheError
+
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    if isinstance(res.exception, HotcacheError):
+        return Result(res.exception.exit_code, res.output + str(res.exception))
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        raise res.exception
+    return Result(res.exit_code, res.output)
+
+
+def spec_for(backend: str, *, mode: str | None = None, tunables: dict | None = None) -> Path:
+    n = PARTITION[backend]
+    cache = {"name": backend.replace("-", ""), "backend": backend,
+             "origin": f"{HDD}-part{n}", "cache": f"{SSD}-part{n}",
+             "filesystem": {"mountpoint": str(MOUNTS / backend)}}
+    if mode:
+        cache["mode"] = mode
+    if tunables:
+        cache["tunables"] = tunables
+    path = PERSIST / f"spec-{backend}.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "caches": [cache]}))
+    return path
+
+
+def name_of(backend: str) -> str:
+    return backend.replace("-", "")
+
+
+def status(backend: str) -> dict:
+    res = hotcache("status", name_of(backend), "--json")
+    return res.json["caches"][0]
+
+
+def drop_caches() -> None:
+    sh("sync")
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def write_files(folder: Path, count: int, size: int, prefix: str) -> dict[str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    sums = {}
+    for i in range(count):
+        data = os.urandom(size)
+        (folder / f"{prefix}{i:04d}.bin").write_bytes(data)
+        sums[f"{prefix}{i:04d}.bin"] = hashlib.sha256(data).hexdigest()
+    sh("sync")
+    return sums
+
+
+def checksums(folder: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.glob("*.bin"))}
+
+
+def poll(what: str, fn, timeout: float = 30.0, interval: float = 1.0):
+    end = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+

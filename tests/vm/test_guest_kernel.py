@@ -1,0 +1,117 @@
+"""The real-kernel tier: boot the stock Debian kernel under QEMU (TCG, via virtme-ng)
+with two virtio disks, an "SSD" and an "HDD", run the guest tests inside it with the
+project's venv, and report every guest case here, one host test each.
+
+Two boots per session on the same fresh sparse images: the first runs
+guest/guest_backends.py, the second (the simulated reboot) guest/guest_reboot.py.
+A guest that cannot boot fails these tests; it never skips them.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from cases import BACKENDS, BOOT1, BOOT2, HDD_MIB, SSD_MIB
+
+pytestmark = pytest.mark.vm
+REPO = Path(__file__).resolve().parents[2]
+VENV = REPO / ".venv"
+BOOT_TIMEOUT = 900
+
+
+def kernel() -> str:
+    found = sorted(glob.glob("/boot/vmlinuz-*-amd64"))
+    if not found:
+        pytest.fail("no /boot/vmlinuz-*-amd64: install linux-image-amd64 (.ci/install)")
+    return found[-1]
+
+
+def boot(workdir: Path, guest_module: str, report: str) -> tuple[int, str]:
+    """One guest boot running pytest on `guest_module`; returns (status, console log)."""
+    out = workdir / "out"
+    persist = out / "persist"
+    persist.mkdir(parents=True, exist_ok=True)
+    python = VENV / "bin" / "python"
+    command = (f"cd {REPO} && HOTCACHE_VM_PERSIST={persist} PYTHONDONTWRITEBYTECODE=1 "
+               f"{python} -m pytest -p no:cacheprovider -q --tb=short "
+               f"-o junit_family=xunit1 --junitxml={out / report} "
+               f"tests/vm/guest/{guest_module} > {out / (report + '.log')} 2>&1; "
+               f"echo guest-pytest-exit=$?")
+    drives = " ".join(
+        f"-drive if=none,id={d},file={workdir / (d + '.img')},format=raw,cache=unsafe "
+        f"-device virtio-blk-pci,drive={d},serial={d}" for d in ("ssd", "hdd"))
+    argv = ["timeout", "--kill-after=30", str(BOOT_TIMEOUT), str(VENV / "bin" / "vng"),
+            "--disable-kvm", "--run", kernel(), "--cpus", "2", "--memory", "1G",
+            "--rwdir", str(out), f"--qemu-opts={drives}",  # one word: the value starts with -
+            "--exec", command]
+    env = {**os.environ, "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '')}"}
+    # QEMU reopens stdout with truncation: read it through a pipe, never a file.
+    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, errors="replace", env=env)
+    (workdir / f"{report}.console").write_text(proc.stdout)
+    return proc.returncode, proc.stdout
+
+
+def results(xml: Path) -> dict[str, str | None]:
+    """test id ('guest_backends.py::test_apply[bcache]') -> None (passed) or the failure."""
+    out = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        module = case.get("classname", "").rsplit(".", 1)[-1]
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        skipped = case.find("skipped")
+        msg = None
+        if bad is not None:
+            msg = (bad.get("message") or "") + "\n" + (bad.text or "")
+        elif skipped is not None:
+            msg = "skipped in the guest: " + (skipped.get("message") or "")
+        out[f"{module}.py::{case.get('name')}"] = msg
+    return out
+
+
+@pytest.fixture(scope="session")
+def guest(tmp_path_factory):
+    if not shutil.which("qemu-system-x86_64"):
+        pytest.fail("qemu-system-x86_64 is missing: run .ci/install")
+    if not (VENV / "bin" / "vng").exists():
+        pytest.fail(f"{VENV}/bin/vng is missing: run .ci/install (virtme-ng is a dev extra)")
+    work = tmp_path_factory.mktemp("guest")
+    for name, mib in (("ssd", SSD_MIB), ("hdd", HDD_MIB)):
+        with open(work / f"{name}.img", "wb") as f:
+            f.truncate(mib * 2**20)
+    found: dict[str, str | None] = {}
+    problems = []
+    for module, report in (("guest_backends.py", "boot1.xml"), ("guest_reboot.py", "boot2.xml")):
+        rc, console = boot(work, module, report)
+        xml = work / "out" / report
+        if not xml.exists():
+            log = work / "out" / (report + ".log")
+            detail = log.read_text()[-4000:] if log.exists() else console[-4000:]
+            problems.append(f"boot for {module} produced no report (vng exit {rc}):\n{detail}")
+            break
+        found.update(results(xml))
+        sys.stderr.write((work / "out" / (report + ".log")).read_text()[-3000:])
+    return {"results": found, "problems": problems, "workdir": work}
+
+
+IDS = [f"guest_backends.py::{case}[{b}]" for b in BACKENDS for case in BOOT1] + \
+      [f"guest_reboot.py::{case}[{b}]" for b in BACKENDS for case in BOOT2]
+
+
+@pytest.mark.parametrize("case", IDS)
+def test_in_guest_kernel(guest, case):
+    if case not in guest["results"]:
+        why = "\n".join(guest["problems"]) or "it did not run (an earlier guest case stopped the run)"
+        pytest.fail(f"{case}: no result from the guest: {why}\n(logs in {guest['workdir']})")
+    failure = guest["results"][case]
+    if failure is not None:
+        pytest.fail(f"{case} failed in the guest kernel:\n{failure}")
