@@ -197,7 +197,9 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
 
     target = backend.build(p, spec, entry, devs)
     target_dev = _target_device(spec, devs, target)
-    if target_dev.fs.get("UUID") != fs_uuid:
+    # A cache brought back after a boot (restore) appears only when its steps run; its
+    # backend knows the filesystem is already on it.
+    if target_dev.fs.get("UUID") != fs_uuid and not backend.keeps_filesystem(entry, devs):
         p.run(f"format {target} as XFS, label {fs_label(spec)}",
               ["mkfs.xfs", "-L", fs_label(spec), "-m", f"uuid={fs_uuid}", "-s", "size=4096",
                target], destructive=True)

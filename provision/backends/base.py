@@ -29,6 +29,11 @@ class Backend:
         """Queue the steps that make the cached block device; return its node."""
         raise NotImplementedError
 
+    def keeps_filesystem(self, entry: dict | None, devs: dict[str, "Device"]) -> bool:
+        """True when the cached device, even if it does not exist yet (being brought
+        back after a boot), will show the filesystem hotcache already made on it."""
+        return False
+
     def stats(self, entry: dict, runner: "Runner") -> dict:
         return {}
 

@@ -57,6 +57,9 @@ class Bcache(Backend):
         ours = {st.get("cache_uuid"), st.get("backing_uuid")} - {None}
         return dev.fs.get("TYPE") == "bcache" and dev.fs.get("UUID") in ours
 
+    def keeps_filesystem(self, entry, devs):
+        return (entry or {}).get("state") == "ready" and self.owns(entry, devs["origin"])
+
     def build(self, p, spec, entry, devs):
         st = state.of(entry)
         origin, cache = devs["origin"], devs["cache"]

@@ -82,6 +82,11 @@ class DmCache(Backend):
         return bool(holders) and all(_dm_name(h) in names for h in holders) \
             or (dev.role == "cache" and not dev.fs)
 
+    def keeps_filesystem(self, entry, devs):
+        recorded = (entry or {}).get("filesystem", {}).get("uuid")
+        return (entry or {}).get("state") == "ready" and bool(recorded) \
+            and devs["origin"].fs.get("UUID") == recorded
+
     def geometry(self, p, spec, st, devs) -> dict:
         if st.get("data_sectors"):
             return {k: st[k] for k in ("block_sectors", "meta_sectors", "data_sectors")}

@@ -36,8 +36,7 @@ def report(runner: Runner, what: str, fields: str, *targets: str) -> list[dict]:
                        check=False)
     if res.returncode != 0 or not res.stdout.strip():
         return []
-    rows = json.loads(res.stdout)["report"][0]
-    return rows.get(what[:-1] if what != "lvs" else "lv", [])
+    return json.loads(res.stdout)["report"][0].get(what[:-1], [])   # lvs -> "lv"
 
 
 def origin_lv(runner: Runner, vg: str) -> dict | None:
@@ -68,6 +67,11 @@ class LvmCache(Backend):
         if not vg or dev.fs.get("TYPE") != "LVM2_member" or not isinstance(dev.node, str):
             return False
         return pv_vg(Runner(), dev.node) == vg
+
+    def keeps_filesystem(self, entry, devs):
+        vg = state.of(entry).get("vg")
+        return (entry or {}).get("state") == "ready" and bool(vg) \
+            and origin_lv(Runner(), vg) is not None
 
     def build(self, p, spec, entry, devs):
         runner = p.env.runner
