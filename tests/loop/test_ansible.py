@@ -3,7 +3,7 @@ loop-backed cache, every path (image, mountpoint, mapping, fstab, units, metrics
 report) under a tmp folder.
 
 One module-scoped sequence, as an administrator would run it: check mode on a fresh
-host, apply, apply again, gather the fleet report, tear down. Each test reads what its
+host, apply, apply again, check mode again, gather the fleet report, tear down. Each test reads what its
 step left behind; the steps run once (Ansible is slow to start).
 """
 
@@ -127,6 +127,7 @@ def fleet(tmp_path_factory):
                          "textfile": f.textfile.read_text(),
                          "service": (f.units / "hotcache-metrics.service").read_text()}
         f.recaps["second"] = f.play("second", "site.yml")
+        f.recaps["check-converged"] = f.play("check-converged", "site.yml", "--check")
         f.recaps["status"] = f.play("status", "status.yml")
         f.recaps["teardown"] = f.play("teardown", "teardown.yml")
         yield f
@@ -167,6 +168,10 @@ def test_second_run_changes_nothing(fleet):
     counts = fleet.recaps["second"]
     assert counts["changed"] == 0, fleet.runs["second"].stdout
     assert counts["failed"] == 0
+
+
+def test_check_mode_on_a_converged_host_reports_nothing_to_do(fleet):
+    assert fleet.recaps["check-converged"]["changed"] == 0, fleet.runs["check-converged"].stdout
 
 
 def test_status_report_on_the_controller(fleet):
