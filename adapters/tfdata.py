@@ -104,7 +104,7 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
         files, labels, _classes = list_image_folder(root)
         ds = tf.data.Dataset.from_tensor_slices((files, labels))
         if shuffle and not cache_dir:
-            ds = ds.shuffle(len(files), seed=seed)
+            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
         ds = ds.map(lambda path, label: prepare(tf.io.read_file(path), tf.cast(label, tf.int64)),
                     num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     if cache_dir:
@@ -113,7 +113,10 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
                     "data": _dataset_version(root, files), "tf": tf.__version__}
         name = f"{root.name}-{settings['data'].get('version') or 'src'}-{tfcache.fingerprint(settings)[:16]}"
         ds = ds.cache(str(tfcache.prepare(cache_dir, name)))
-    if shuffle:
+    if shuffle and (cache_dir or kind == "tfrecord"):
+        # Sample-level shuffle only where file order alone is not enough: records sit in
+        # shard order, and a cache freezes the order it was written in. (Filling a large
+        # buffer delays the first batch, so plain image folders skip it.)
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     return ds.batch(batch_size, drop_remainder=drop_remainder,
                     num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
