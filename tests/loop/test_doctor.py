@@ -222,3 +222,16 @@ def test_boot_restore_unit_must_be_installed_and_enabled(tmp_path):
     assert severities() == {"fast": "ok", "raw": "problem"}  # fast's unit is not raw's
     (units / "restore-all.service").write_text("[Service]\nExecStart=/usr/bin/hotcache restore --yes\n")
     assert severities() == {"fast": "ok", "raw": "ok"}
+
+
+def test_unreadable_mapping_is_a_problem_with_a_fix(tmp_path):
+    bad = tmp_path / "mappings.yaml"
+    bad.write_text("caches: [this is: not, a mapping\n")
+    env = {**os.environ, "HOTCACHE_STATE": str(bad),
+           "HOTCACHE_SYSTEM_FSTAB": str(tmp_path / "fstab"),
+           "HOTCACHE_UNIT_DIR": str(tmp_path / "units")}
+    proc = subprocess.run([HOTCACHE, "doctor"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 9
+    assert f"mapping: mapping {bad} is not valid YAML" in proc.stdout
+    assert "fix: restore it from a backup" in proc.stdout
