@@ -40,6 +40,7 @@ STAT_COUNTERS = {
     "hits": ("cache_hits", "Cache read hits since the cache was started."),
     "misses": ("cache_misses", "Cache read misses since the cache was started."),
     "promotions": ("cache_promotions", "Blocks promoted to the cache since it was started."),
+    "demotions": ("cache_demotions", "Blocks demoted from the cache since it was started."),
 }
 
 

@@ -208,3 +208,26 @@ def test_timer_refuses_what_systemd_would_misread(bad):
         args.update(bad)
     with pytest.raises(UsageError):
         metrics.timer_units(**args)
+
+
+def test_a_real_dm_cache_status_line_becomes_valid_metrics(tmp_path):
+    """The keys the dm-cache and lvmcache backends really return (a status line from a
+    6.1 guest kernel, through the backend's own parser) all reach the file."""
+    from hotcache.provision.dmtable import cache_stats, parse_status
+
+    line = ("0 974848 cache 8 15/2048 128 13/1088 92 20 3 1 0 7 5 2 metadata2 writeback "
+            "2 migration_threshold 2048 smq 0 rw - ")
+    stats = cache_stats(parse_status(line))
+    state = write_state(tmp_path / "m.yaml", {"dm": {}})
+    text = render([row("dm", backend="dm-cache", stats=stats)], state)
+    promtool_check(text)
+    got = samples(text)
+    c = (("cache", "dm"),)
+    assert got[("hotcache_cache_hits_total", c)] == 95       # read + write hits
+    assert got[("hotcache_cache_misses_total", c)] == 21
+    assert got[("hotcache_cache_promotions_total", c)] == 7
+    assert got[("hotcache_cache_demotions_total", c)] == 0
+    assert got[("hotcache_cache_dirty_bytes", c)] == 5 * 128 * 512
+    assert got[("hotcache_cache_used_bytes", c)] == 13 * 128 * 512
+    assert got[("hotcache_cache_size_bytes", c)] == 1088 * 128 * 512
+    assert got[("hotcache_cache_hit_ratio", c)] == pytest.approx(95 / 116, abs=1e-4)
