@@ -75,6 +75,11 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
         *check_drift(rows),
         *check_space_and_copies(caches, rows, opts),
     ]
+    if os.geteuid() != 0:
+        findings.insert(0, Finding("root", WARNING, "doctor",
+                                   "not run as root: on-disk signatures and filesystem UUIDs "
+                                   "could not all be read, so drift findings may be wrong",
+                                   "sudo hotcache doctor"))
     return findings
 
 
