@@ -61,6 +61,9 @@ def copy(
     bwlimit: Optional[str] = typer.Option(None, "--bwlimit", metavar="RATE",
                                           help="Read at most RATE bytes/s from SRC, e.g. 200M, "
                                                "to spare an array that training also reads."),
+    verify: bool = typer.Option(False, "--verify",
+                                help="Before publishing, read the copy back from the device "
+                                     "and check every hash (costs a second read of DEST)."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
 ):
     """Copy (part of) a dataset to the fast tier as a verified hot copy.
@@ -79,7 +82,7 @@ def copy(
                        fraction=fraction, seed=seed, name=name, version=version, jobs=jobs,
                        owner=owner, mode=mode, checksum=checksum, margin=margin,
                        space_check=not no_space_check, bwlimit=parse_rate(bwlimit),
-                       state=state)
+                       state=state, verify=verify)
     meter = _meter(as_json)
     try:
         result = do_copy(src, dest, opts, meter)

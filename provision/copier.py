@@ -31,8 +31,8 @@ from pathlib import Path
 
 from . import __version__, fsops, manifest
 from .atomic import write_atomic
-from .errors import HotcacheError, RefusedError, UsageError
-from .filecopy import CHUNK, Done, FileCopier, Limiter
+from .errors import DriftError, HotcacheError, RefusedError, UsageError
+from .filecopy import CHUNK, Done, FileCopier, Limiter, default_jobs
 from .hotcopy_format import FORMAT, MANIFEST, METADATA, read_metadata
 from .mapping import now
 from .meter import NullMeter
@@ -45,12 +45,6 @@ CHECKPOINT_BYTES = 256 << 20
 CHECKPOINT_SECONDS = 2.0
 BATCH_BYTES = 8 << 20      # small files go to the threads in batches, to keep the
 BATCH_FILES = 64           # per-file overhead (futures, wakeups) out of the way
-
-
-def default_jobs() -> int:
-    """Enough threads to keep a disk array and the hashing busy, not so many that an HDD
-    seeks itself to death."""
-    return min(16, 4 * (os.cpu_count() or 1))
 
 
 @dataclass
@@ -70,6 +64,7 @@ class CopyOptions:
     space_check: bool = True
     bwlimit: int | None = None      # bytes/s read from the source, None: unlimited
     state: Path | None = None       # the mapping, to record copies on managed mounts
+    verify: bool = False            # read the copy back from disk before publishing
 
 
 # ---------------------------------------------------------------- checking the inputs
@@ -270,15 +265,21 @@ def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = Non
             staging.remove()   # --checksum found nothing new: keep what is published
             return {**summary, "version": old["version"], "changed": False}
         version = opts.version or next_version(old)
-        meta = _finish(staging, src, dest, digests, sel, opts, name, version, old, mode, owner)
+        verified_at = _read_back(staging, digests, opts, meter) if opts.verify else None
+        try:
+            meta = _finish(staging, src, dest, digests, sel, opts, name, version, old, mode,
+                           owner, verified_at)
+        except OSError as exc:
+            _fail(exc, staging, dest, plan, lambda: None)
+            raise
     except BaseException:
         staging.unlock()
         raise
     staging.unlock()
     _publish(staging.path, dest)
-    _record(dest, meta, opts.state)
+    recorded = _record(dest, meta, opts.state, meter)
     return {**summary, "version": meta["version"], "changed": True,
-            "copied_at": meta["copied_at"]}
+            "copied_at": meta["copied_at"], "cache": recorded}
 
 
 def _same(plan: Plan, opts: CopyOptions, name: str) -> bool:
@@ -380,8 +381,28 @@ def _fail(exc: BaseException, staging: Staging, dest: Path, plan: Plan, checkpoi
                                  "files are not copied again") from exc
 
 
+def _read_back(staging: Staging, digests: dict[str, str], opts: CopyOptions,
+               meter: NullMeter) -> str:
+    """--verify: make the copy durable, drop it from the page cache and hash it again from
+    the device. Files that read back wrong are removed from the staging folder (and its
+    journal) and nothing is published; the next run copies just those again."""
+    from .verify import hash_files
+
+    fsops.syncfs(staging.path)
+    meter.start("read back", sum(os.path.getsize(staging.path / r) for r in digests))
+    bad = hash_files(staging.path, sorted(digests), digests, opts.jobs, meter, evict=True)
+    if bad:
+        staging.forget({p["path"] for p in bad})
+        shown = "\n  ".join(f"{p['path']}: {p['problem']}" for p in bad[:10])
+        raise DriftError(f"{len(bad)} files read back differently from what was written; "
+                         f"nothing was published:\n  {shown}",
+                         hint="check the destination device (dmesg, SMART); run again to "
+                              "copy those files afresh")
+    return now()
+
+
 def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old, mode,
-            owner) -> dict:
+            owner, verified_at: str | None) -> dict:
     """Folders' permissions, manifest, metadata, then make it all durable."""
     for dirpath, _dirs, _files in os.walk(staging.path):
         os.chmod(dirpath, dir_mode(mode) if mode is not None else 0o755)
@@ -392,7 +413,9 @@ def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old,
     meta = {
         "format": FORMAT, "complete": True, "name": name, "version": str(version),
         "source": str(src), "files": len(digests), "bytes": sel.bytes, "hash": "sha256",
-        "copied_at": now(), "verified_at": None, "verify_ok": None,
+        "copied_at": now(), "verified_at": verified_at,
+        "verify_ok": True if verified_at else None,
+        "verify_mode": "full (read back before publishing)" if verified_at else None,
         "tool_version": __version__,
         "selection": {"include": opts.include, "exclude": opts.exclude,
                       "list": str(opts.list_file) if opts.list_file else None,
@@ -428,7 +451,13 @@ def _publish(staging: Path, dest: Path) -> None:
     fsops.fsync_dir(dest.parent)
 
 
-def _record(dest: Path, meta: dict, state: Path | None) -> None:
+def _record(dest: Path, meta: dict, state: Path | None, meter: NullMeter) -> str | None:
+    """Note the copy in the mapping. The copy is already published, so a mapping that
+    cannot be written is a warning, not a failed copy."""
     from .copies import record
 
-    record(dest, meta, state)
+    try:
+        return record(dest, meta, state)
+    except (HotcacheError, OSError) as exc:
+        meter.note(f"warning: {dest} is published but not recorded in the mapping: {exc}")
+        return None

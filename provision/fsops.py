@@ -42,12 +42,3 @@ def exchange(a: str | os.PathLike, b: str | os.PathLike) -> None:
 
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
-_SYNC_FILE_RANGE_WRITE = 2
-
-
-def start_writeback(fd: int, offset: int = 0, nbytes: int = 0) -> None:
-    """Start writing a file's dirty pages to disk now, without waiting (sync_file_range
-    SYNC_FILE_RANGE_WRITE): the disk works while we read and hash the next bytes, and the
-    final syncfs finds little left to do. Purely a speed hint, so errors are ignored."""
-    _libc.sync_file_range(fd, ctypes.c_int64(offset), ctypes.c_int64(nbytes),
-                          _SYNC_FILE_RANGE_WRITE)

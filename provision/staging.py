@@ -88,6 +88,17 @@ class Staging:
         self._journal.write("".join(json.dumps(list(d)) + "\n" for d in done))
         self._journal.flush()
 
+    def forget(self, rels: set[str]) -> None:
+        """Drop files from the staging folder and its journal (they read back wrong)."""
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
+        keep = {r: v for r, v in self.journaled().items() if r not in rels}
+        write_atomic(self.path / JOURNAL,
+                     "".join(json.dumps([r, *v]) + "\n" for r, v in keep.items()))
+        for rel in rels:
+            (self.path / rel).unlink(missing_ok=True)
+
     def seal(self) -> None:
         """The copy is complete: drop the bookkeeping before the folder becomes DEST."""
         if self._journal is not None:

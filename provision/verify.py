@@ -19,24 +19,43 @@ from pathlib import Path
 
 from . import manifest
 from .atomic import write_atomic
-from .copier import CHUNK, default_jobs
-from .errors import UsageError
+from .errors import HotcacheError, UsageError
+from .filecopy import CHUNK, default_jobs
 from .hotcopy_format import MANIFEST, METADATA, RESERVED, read_metadata
 from .mapping import now
 from .meter import NullMeter
 
 
-def sha256_file(path: Path, meter: NullMeter, buf: memoryview | None = None) -> str:
+def sha256_file(path: Path, meter: NullMeter, evict: bool = False) -> str:
+    """The file's sha256. With `evict`, its cached pages are dropped first so the bytes
+    come from the device, not from what the page cache remembers of the write."""
     h = hashlib.sha256()
-    buf = buf if buf is not None else memoryview(bytearray(CHUNK))
+    buf = memoryview(bytearray(CHUNK))
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
+        if evict:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         while n := os.readv(fd, [buf]):
             h.update(buf[:n])
             meter.advance(n)
     finally:
         os.close(fd)
     return h.hexdigest()
+
+
+def hash_files(root: Path, rels: list[str], digests: dict[str, str], jobs: int,
+                meter: NullMeter, evict: bool = False) -> list[dict]:
+    """Hash `rels` under `root` in parallel; a problem for each that differs."""
+    def check(rel: str) -> dict | None:
+        got = sha256_file(root / rel, meter, evict)
+        if got != digests[rel]:
+            return {"path": rel, "problem": f"sha256 {got} differs from the manifest's "
+                                            f"{digests[rel]}"}
+        return None
+
+    with ThreadPoolExecutor(max_workers=jobs or default_jobs(),
+                            thread_name_prefix="hotcache-verify") as pool:
+        return [p for p in pool.map(check, rels) if p]
 
 
 def _present(dest: Path) -> dict[str, int]:
@@ -90,16 +109,7 @@ def verify(dest: Path, mode: str = "fast", sample: int = 0, jobs: int = 0,
     else:
         to_hash = []
     meter.start(f"verify {dest.name} ({mode})", sum(present[r] for r in to_hash))
-
-    def check(rel: str) -> dict | None:
-        got = sha256_file(dest / rel, meter)
-        if got != digests[rel]:
-            return {"path": rel, "problem": f"sha256 {got} differs from the manifest's "
-                                            f"{digests[rel]}"}
-        return None
-
-    with ThreadPoolExecutor(max_workers=jobs or default_jobs()) as pool:
-        problems.extend(p for p in pool.map(check, to_hash) if p)
+    problems.extend(hash_files(dest, to_hash, digests, jobs, meter))
     ok = not problems
     report = {"path": str(dest), "name": meta.get("name"), "version": meta.get("version"),
               "mode": mode, "files": len(digests), "bytes": total, "hashed_files": len(to_hash),
@@ -126,5 +136,8 @@ def _record(dest: Path, meta: dict, report: dict, state: Path | None) -> bool:
             os.chown(dest / METADATA, st.st_uid, st.st_gid)
     except PermissionError:
         return False
-    record(dest, meta, state)
+    try:
+        record(dest, meta, state)
+    except (HotcacheError, OSError):
+        pass  # the copy's own metadata holds the result; the mapping is a convenience
     return True

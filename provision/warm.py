@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
-from .copier import CHUNK, default_jobs
 from .errors import HotcacheError, UsageError
+from .filecopy import CHUNK, default_jobs
 from .meter import NullMeter
 
 REPEATING = ("dm-cache", "lvmcache")   # promote gradually: read until it stops rising
@@ -78,7 +78,10 @@ def backing(path: Path, state: Path | None) -> tuple[str, dict] | None:
     from .copies import backing_cache
 
     spath = mapping.state_path(state and str(state))
-    return backing_cache(path, mapping.load(spath)) if spath.exists() else None
+    try:
+        return backing_cache(path, mapping.load(spath)) if spath.exists() else None
+    except (HotcacheError, OSError):
+        return None   # an unreadable mapping: warm the page cache all the same
 
 
 def backend_stats(entry: dict, runner) -> Callable[[], dict | None]:

@@ -262,3 +262,42 @@ def test_manifest_matches_hashlib(env):
         digest, rel = line.split("  ", 1)
         assert hashlib.sha256((src / rel).read_bytes()).hexdigest() == digest
     assert len(lines) == 5
+
+
+def test_copy_verify_reads_back_before_publishing(env):
+    src = make_dataset(env / "src", n=4)
+    dest = env / "ds"
+    rc, out = hotcache_json("copy", src, dest, "--verify")
+    assert rc == 0, out
+    meta = json.loads((dest / META).read_text())
+    assert meta["verify_ok"] is True and meta["verified_at"]
+    rc, listing = hotcache_json("copies", env)
+    assert [r["state"] for r in listing["copies"]] == ["verified"]
+
+
+def test_copy_verify_publishes_nothing_when_a_file_reads_back_wrong(env, monkeypatch):
+    """A device that returns other bytes than were written cannot be made here, so the
+    read-back of one file is made to differ; everything else is real."""
+    from hotcache.provision import copier, verify
+    from hotcache.provision.errors import DriftError
+
+    src = make_dataset(env / "src", n=4)
+    dest = env / "ds"
+    real = verify.sha256_file
+
+    def flaky(path, meter, evict=False):
+        digest = real(path, meter, evict)
+        return "0" * 64 if path.name == "002.jpg" and path.parent.name == "dog" else digest
+
+    monkeypatch.setattr(verify, "sha256_file", flaky)
+    with pytest.raises(DriftError, match="dog/002.jpg"):
+        copier.copy(src, dest, copier.CopyOptions(verify=True))
+    assert not dest.exists()
+    staging = env / ".ds.hotcache-staging"
+    assert not (staging / "dog" / "002.jpg").exists()
+    assert "dog/002.jpg" not in (staging / ".hotcache-journal").read_text()
+
+    monkeypatch.setattr(verify, "sha256_file", real)
+    out = copier.copy(src, dest, copier.CopyOptions(verify=True))
+    assert (out["copied_files"], out["resumed_files"]) == (1, 8)
+    assert tree(dest) == tree(src) and sha256sum_check(dest).returncode == 0
