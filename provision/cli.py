@@ -181,19 +181,23 @@ def apply(
     host = load_spec(spec)
     need_root("apply")
     env = make_env(state, fstab)
-    result = plan_apply(host, env)
+    carry_out(plan_apply(host, env), env, "apply", yes=yes, as_json=as_json,
+              done="applied; `hotcache status` shows the result")
+
+
+def carry_out(result, env, title: str, *, yes: bool, as_json: bool, done: str) -> None:
+    """Show a plan, confirm it, run it with progress, report (apply, restore)."""
     if result.empty:
         if as_json:
             return emit({"changed": False, **result.to_json()})
-        return show_plan(result, "apply")
+        return show_plan(result, title)
     if not as_json:
-        show_plan(result, "apply")
-    confirm(f"apply {len(result.steps)} steps", yes)
+        show_plan(result, title)
+    confirm(f"{title} {len(result.steps)} steps", yes)
     _run_steps(result, env, quiet=as_json)
     if as_json:
         return emit({"changed": True, **result.to_json()})
-    console().print(f"[green]done[/]: {len(result.steps)} steps applied; "
-                    "`hotcache status` shows the result")
+    console().print(f"[green]done[/]: {len(result.steps)} steps {done}")
 
 
 def _run_steps(result, env, quiet: bool) -> None:

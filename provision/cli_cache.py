@@ -22,20 +22,10 @@ def register(app) -> None:
         boot; running it on a healthy host changes nothing."""
         from pathlib import Path
 
-        from .cli import _run_steps, confirm, console, emit, make_env, need_root, show_plan
+        from .cli import carry_out, make_env, need_root
         from .restore import plan_restore
 
         need_root("restore")
         env = make_env(state and Path(state), fstab and Path(fstab))
-        result = plan_restore(env, names or None)
-        if result.empty:
-            if as_json:
-                return emit({"changed": False, **result.to_json()})
-            return show_plan(result, "restore")
-        if not as_json:
-            show_plan(result, "restore")
-        confirm(f"restore: run {len(result.steps)} steps", yes)
-        _run_steps(result, env, quiet=as_json)
-        if as_json:
-            return emit({"changed": True, **result.to_json()})
-        console().print(f"[green]done[/]: {len(result.steps)} steps; caches restored")
+        carry_out(plan_restore(env, names or None), env, "restore", yes=yes, as_json=as_json,
+                  done="run; caches restored")
