@@ -56,20 +56,25 @@ def drop_page_cache() -> None:
 def simulate(batches, *, step_s: float = 0.0, limit: int | None = None,
              label: str = "run") -> tuple[int, int, float, Summary]:
     """Iterate `batches` (each `(samples, labels, ...)`), sleeping `step_s` per batch;
-    returns (batches, samples, wall seconds, timing summary)."""
+    returns (batches, samples, wall seconds, seconds spent in steps, timing summary).
+    AU = seconds in steps / wall seconds."""
     timer = batches if isinstance(batches, BatchTimer) else BatchTimer(batches, log_every=0)
     timer.name = label
     n = samples = 0
+    stepping = 0.0
     t0 = perf_counter()
     for batch in timer:
         samples += len(batch[1])
         if step_s:
+            t = perf_counter()
             sleep(step_s)
+            stepping += perf_counter() - t      # a sleep that overruns still counts as work
         n += 1
         if limit and n >= limit:
             break
     wall = perf_counter() - t0
-    return n, samples, wall, timer.summaries[-1] if timer.summaries else timer.summary()
+    summary = timer.summaries[-1] if timer.summaries else timer.summary()
+    return n, samples, wall, stepping, summary
 
 
 def build(loader: str, root: Path, *, batch_size: int, image_size: int, workers: int | None,
@@ -98,10 +103,10 @@ def run_root(label: str, root: str | Path, *, loader: str = "torch", batch_size:
     batches = build(loader, info.path, batch_size=batch_size, image_size=image_size, workers=workers)
     if drop_caches:
         drop_page_cache()
-    n, samples, wall, summary = simulate(batches, step_s=step_s, limit=limit, label=label)
+    n, samples, wall, stepping, summary = simulate(batches, step_s=step_s, limit=limit, label=label)
     return Run(label, str(info.path), info.copy.is_hot, info.backing.cache,
                info.backing.device, info.backing.fstype, n, samples, wall, step_s,
-               (n * step_s / wall) if step_s and wall else None,
+               (stepping / wall) if step_s and wall else None,
                samples / wall if wall else 0.0, summary)
 
 

@@ -121,3 +121,13 @@ def test_distributed_sampler_splits_the_data(jpegs, tmp_path):
         assert loader.sampler.epoch == 1               # set_epoch called for each epoch
     finally:
         dist.destroy_process_group()
+
+
+def test_scaled_jpeg_decoding_gives_the_same_size_and_nearly_the_same_pixels(tmp_path):
+    make_jpegs(tmp_path, per_class=1, size=(64, 48))
+    fast = ImageFolderDataset(tmp_path, image_size=(16, 12))
+    full = ImageFolderDataset(tmp_path, image_size=(16, 12), draft=False)
+    for i in range(len(fast)):
+        (a, la), (b, lb) = fast[i], full[i]
+        assert a.shape == b.shape == (3, 12, 16) and la == lb
+        assert (a.int() - b.int()).abs().max() <= 8
