@@ -13,7 +13,6 @@ tfcache), shuffle, batch, prefetch. Importing this module imports TensorFlow.
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from time import perf_counter
@@ -24,8 +23,6 @@ from . import tfcache
 from .dataroot import data_root, hot_copy_at
 from .imagefolder import list_image_folder
 from .timing import ENV_LOG, emit, summarize
-
-log = logging.getLogger("hotcache.adapters")
 
 AUTOTUNE = tf.data.AUTOTUNE
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")

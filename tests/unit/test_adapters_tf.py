@@ -4,7 +4,6 @@ module so TensorFlow is imported once."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
