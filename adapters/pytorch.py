@@ -20,7 +20,7 @@ from time import perf_counter
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 from torch.utils.data import default_collate
 
 from .dataroot import data_root
@@ -111,8 +111,8 @@ class TimedLoader(BatchTimer):
     DataLoader, `.dataset` the user's dataset. Each epoch sets the DistributedSampler's
     epoch, so shuffling differs between epochs on every rank."""
 
-    def __init__(self, loader: DataLoader, dataset, **options):
-        super().__init__(loader, stamped=True, **options)
+    def __init__(self, loader: DataLoader, dataset, *, stamped: bool = True, **options):
+        super().__init__(loader, stamped=stamped, **options)
         self.loader = loader
         self.dataset = dataset
 
@@ -156,14 +156,21 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
         prefetch_factor = 4
     if distributed is None:
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    # An IterableDataset has no index to time per sample, and shards itself across
+    # ranks and workers: it goes to the DataLoader as it is.
+    stamped = not isinstance(dataset, IterableDataset)
     sampler = None
+    if not stamped:
+        shuffle = distributed = False
     if distributed:
         sampler = DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
         shuffle = False            # the sampler shuffles; DataLoader refuses both
     generator = torch.Generator().manual_seed(seed) if shuffle else None
-    loader = DataLoader(_Stamped(dataset), batch_size=batch_size, shuffle=shuffle,
-                        sampler=sampler, num_workers=num_workers, pin_memory=pin_memory,
-                        persistent_workers=persistent_workers, prefetch_factor=prefetch_factor,
-                        drop_last=drop_last, collate_fn=_StampedCollate(collate_fn),
+    loader = DataLoader(_Stamped(dataset) if stamped else dataset, batch_size=batch_size,
+                        shuffle=shuffle, sampler=sampler, num_workers=num_workers,
+                        pin_memory=pin_memory, persistent_workers=persistent_workers,
+                        prefetch_factor=prefetch_factor, drop_last=drop_last,
+                        collate_fn=_StampedCollate(collate_fn) if stamped else collate_fn,
                         generator=generator, **loader_options)
-    return TimedLoader(loader, dataset, name=name, log_every=log_every, log_path=log_path)
+    return TimedLoader(loader, dataset, stamped=stamped, name=name, log_every=log_every,
+                       log_path=log_path)

@@ -131,3 +131,15 @@ def test_scaled_jpeg_decoding_gives_the_same_size_and_nearly_the_same_pixels(tmp
         (a, la), (b, lb) = fast[i], full[i]
         assert a.shape == b.shape == (3, 12, 16) and la == lb
         assert (a.int() - b.int()).abs().max() <= 8
+
+
+class Counting(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+def test_iterable_dataset_is_timed_without_per_sample_stamps():
+    loader = make_loader(dataset=Counting(), batch_size=4, num_workers=0, log_every=0)
+    assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    s = loader.summary()
+    assert s.batches == 3 and s.worker_load_s is None
