@@ -13,12 +13,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import fsops
 from .errors import HotcacheError
 from .meter import NullMeter
 from .selection import Entry
 
 CHUNK = 1 << 20
 LARGE = 64 << 20          # files this size and up are copied at most LARGE_STREAMS at a time
+WRITE_BEHIND = 8 << 20    # within a large file, start writeback every 8 MiB: the disk
+                          # writes while we read and hash, instead of all at the final sync
 
 Done = tuple[str, int, int, str]   # rel, size, mtime_ns, sha256 hex: one journal line
 
@@ -121,11 +124,12 @@ class FileCopier:
             st = os.fstat(sfd)
             if not stat.S_ISREG(st.st_mode):
                 raise HotcacheError(f"{self.src / e.rel} is no longer a regular file")
-            os.posix_fadvise(sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            if st.st_size > CHUNK:   # more readahead; a small file is one read anyway
+                os.posix_fadvise(sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
             dfd = os.open(os.path.join(self.staging, e.rel), os.O_WRONLY | os.O_CREAT
                           | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
             try:
-                digest, total = self._pump(sfd, dfd)
+                digest, total = self._pump(sfd, dfd, st.st_size)
                 after = os.fstat(sfd)
                 if total != after.st_size or after.st_mtime_ns != st.st_mtime_ns:
                     self.meter.advance(-total)
@@ -140,11 +144,13 @@ class FileCopier:
             os.close(sfd)
         return e.rel, st.st_size, st.st_mtime_ns, digest
 
-    def _pump(self, sfd: int, dfd: int) -> tuple[str, int]:
+    def _pump(self, sfd: int, dfd: int, size: int) -> tuple[str, int]:
+        """Read, hash and write until `size` bytes or EOF (a file that grows meanwhile is
+        caught by the caller's second fstat, so the EOF read can be skipped)."""
         h = hashlib.sha256()
         buf = buffer(self._local)
-        total = 0
-        while n := os.readv(sfd, [buf]):
+        total = flushed = 0
+        while total < size and (n := os.readv(sfd, [buf])):
             if self.stop.is_set():
                 raise InterruptedError("stopped")
             if self.limiter:
@@ -155,6 +161,9 @@ class FileCopier:
                 view = view[os.write(dfd, view):]
             total += n
             self.meter.advance(n)
+            if total - flushed >= WRITE_BEHIND:
+                fsops.start_writeback(dfd, flushed, total - flushed)
+                flushed = total
         return h.hexdigest(), total
 
     def link(self, e: Entry, digest: str) -> Done:

@@ -80,7 +80,7 @@ def test_copy_refresh_and_list_on_a_managed_mount(sandbox):
     dest = mp / "pets"
     rc, out = hotcache_json("copy", src, dest, "--name", "pets", "--owner", "nobody:nogroup",
                             "--mode", "0444")
-    assert rc == 0, out
+    assert rc == 0 and out["cache"] == "hot", out
     assert sha256sum_check(dest).returncode == 0 and tree(dest) == tree(src)
     st = (dest / "x" / "000.jpg").stat()
     assert (st.st_uid, st.st_mode & 0o7777) == (65534, 0o444)
