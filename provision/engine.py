@@ -189,7 +189,8 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
     if p.refusals:
         return
 
-    fs_uuid = (entry or {}).get("filesystem", {}).get("uuid") or str(uuid.uuid4())
+    fs_uuid = ((entry or {}).get("filesystem", {}).get("uuid")
+               or backend.adopted_fs_uuid(devs) or str(uuid.uuid4()))
     building = entry is None or entry.get("state") != "ready"
     if building:
         p.do(f"record {spec.name} in the mapping as building (filesystem UUID {fs_uuid})",

@@ -29,6 +29,11 @@ class Backend:
         """Queue the steps that make the cached block device; return its node."""
         raise NotImplementedError
 
+    def adopted_fs_uuid(self, devs: dict[str, "Device"]) -> str | None:
+        """The UUID of a filesystem already on the origin that this backend caches in
+        place instead of formatting (lvmcache on an existing LV); None: format."""
+        return None
+
     def keeps_filesystem(self, entry: dict | None, devs: dict[str, "Device"]) -> bool:
         """True when the cached device, even if it does not exist yet (being brought
         back after a boot), will show the filesystem hotcache already made on it."""

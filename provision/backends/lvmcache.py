@@ -1,7 +1,13 @@
-"""Backend `lvmcache`: lvm2 builds the dm-cache. A volume group `hc_<name>` holds the
-origin LV (on the HDD) and a cache volume (on the SSD) attached with
-`lvconvert --type cache --cachevol`. LVM keeps its metadata on the PVs, so after a boot
-only the activation is missing, which `hotcache restore` does.
+"""Backend `lvmcache`: lvm2 builds the dm-cache.
+
+Two ways in:
+- the origin is a whole device: a volume group `hc_<name>` gets the origin LV `data` (on
+  the HDD) and a cache volume (on the SSD), and hotcache formats `data`;
+- the origin is an existing LV that already holds a filesystem: the SSD joins that LV's
+  volume group and the cache is attached to the LV in place, without reformatting it
+  (this backend's advantage over bcache, whose backing device needs its own superblock).
+Either way `lvconvert --type cache --cachevol` attaches the cache. LVM keeps its metadata
+on the PVs, so after a boot only the activation is missing, which `hotcache restore` does.
 """
 
 from __future__ import annotations
@@ -14,17 +20,20 @@ from ..runner import Runner
 from . import state
 from .base import Backend
 
-ORIGIN_LV, CACHE_LV = "data", "cache"
+ORIGIN_LV = "data"
 
 
 def vg_name(cache: str) -> str:
     return f"hc_{cache}"
 
 
+def cache_lv(origin_lv: str) -> str:
+    return f"{origin_lv}_hccache"
+
+
 def lvm(command: str, *args) -> list:
-    """An lvm2 command that never asks (--yes) and, on hosts without a devices file,
-    sees every device (Debian's guest images ship `use_devicesfile` settings that hide
-    new disks)."""
+    """An lvm2 command that never asks (--yes is passed by callers) and, on hosts without
+    a devices file, sees every device (a fresh guest or host may not list new disks)."""
     argv = [command]
     if not os.path.exists("/etc/lvm/devices/system.devices"):
         argv += ["--config", "devices { use_devicesfile=0 }"]
@@ -39,9 +48,9 @@ def report(runner: Runner, what: str, fields: str, *targets: str) -> list[dict]:
     return json.loads(res.stdout)["report"][0].get(what[:-1], [])   # lvs -> "lv"
 
 
-def origin_lv(runner: Runner, vg: str) -> dict | None:
+def lv_info(runner: Runner, vg: str, lv: str) -> dict | None:
     rows = report(runner, "lvs", "lv_name,lv_attr,segtype,cache_mode,cache_policy,"
-                  "kernel_cache_settings,pool_lv", f"{vg}/{ORIGIN_LV}")
+                  "kernel_cache_settings", f"{vg}/{lv}")
     return rows[0] if rows else None
 
 
@@ -50,10 +59,38 @@ def pv_vg(runner: Runner, node: str) -> str | None:
     return rows[0].get("vg_name") if rows else None
 
 
+def existing_lv(node) -> tuple[str, str] | None:
+    """(vg, lv) when `node` is an LVM logical volume (device-mapper uuid LVM-...)."""
+    if not isinstance(node, str):
+        return None
+    base = f"/sys/class/block/{os.path.basename(os.path.realpath(node))}/dm"
+    try:
+        with open(f"{base}/uuid") as f:
+            if not f.read().startswith("LVM-"):
+                return None
+    except OSError:
+        return None
+    rdev = os.stat(node).st_rdev
+    rows = report(Runner(), "lvs", "vg_name,lv_name", "--select",
+                  f"lv_kernel_major={os.major(rdev)} && lv_kernel_minor={os.minor(rdev)}")
+    return (rows[0]["vg_name"], rows[0]["lv_name"]) if rows else None
+
+
+def names(entry: dict | None, spec_name: str, origin=None) -> tuple[str, str, bool]:
+    """(volume group, origin LV, adopted) for a cache: from the mapping once built."""
+    st = state.of(entry)
+    if st.get("vg"):
+        return st["vg"], st.get("origin_lv", ORIGIN_LV), bool(st.get("adopted"))
+    found = existing_lv(origin) if origin is not None else None
+    if found:
+        return found[0], found[1], True
+    return vg_name(spec_name), ORIGIN_LV, False
+
+
 class LvmCache(Backend):
     name = "lvmcache"
-    programs = ("pvcreate", "vgcreate", "lvcreate", "lvconvert", "lvchange", "lvs",
-                "dmsetup", "mkfs.xfs", "wipefs")
+    programs = ("pvcreate", "vgcreate", "vgextend", "lvcreate", "lvconvert", "lvchange",
+                "lvs", "dmsetup", "mkfs.xfs", "wipefs")
 
     def unavailable(self):
         from ..discover import kernel_has
@@ -63,25 +100,39 @@ class LvmCache(Backend):
         return None
 
     def owns(self, entry, dev):
+        if dev.role == "origin" and dev.report is not None and not dev.report.holds_root \
+                and dev.fs.get("TYPE") == "xfs" and existing_lv(dev.node):
+            return True   # an LV with data, named as origin: attach the cache in place
         vg = state.of(entry).get("vg")
         if not vg or dev.fs.get("TYPE") != "LVM2_member" or not isinstance(dev.node, str):
             return False
         return pv_vg(Runner(), dev.node) == vg
 
+    def adopted_fs_uuid(self, devs):
+        origin = devs["origin"]
+        if origin.fs.get("TYPE") == "xfs" and existing_lv(origin.node):
+            return origin.fs.get("UUID")
+        return None
+
     def keeps_filesystem(self, entry, devs):
-        vg = state.of(entry).get("vg")
-        return (entry or {}).get("state") == "ready" and bool(vg) \
-            and origin_lv(Runner(), vg) is not None
+        vg, lv, _ = names(entry, "", devs["origin"].node)
+        return (entry or {}).get("state") == "ready" and lv_info(Runner(), vg, lv) is not None
 
     def build(self, p, spec, entry, devs):
         runner = p.env.runner
-        vg = vg_name(spec.name)
         origin, cache = devs["origin"], devs["cache"]
-        lv = origin_lv(runner, vg)
-        target = f"/dev/{vg}/{ORIGIN_LV}"
+        vg, lv, adopted = names(entry, spec.name, origin.node)
+        info = lv_info(runner, vg, lv)
         mode, policy = spec.effective_mode, spec.tunables.get("policy", "smq")
         settings = _settings(spec.tunables)
-        if lv is None:
+        if adopted and not (isinstance(cache.node, str) and pv_vg(runner, cache.node) == vg):
+            p.run(f"erase old signatures on {cache.ref.label}",
+                  ["wipefs", "--all", cache.node], destructive=True)
+            p.run("make the SSD an LVM physical volume", lvm("pvcreate", "--yes", cache.node),
+                  destructive=True)
+            p.run(f"add the SSD to the volume group {vg} of the existing LV {lv}",
+                  lvm("vgextend", "--yes", vg, cache.node))
+        if info is None and not adopted:
             for dev in (origin, cache):
                 p.run(f"erase old signatures on {dev.ref.label}",
                       ["wipefs", "--all", dev.node], destructive=True)
@@ -89,49 +140,51 @@ class LvmCache(Backend):
                   lvm("pvcreate", "--yes", origin.node, cache.node), destructive=True)
             p.run(f"create volume group {vg}", lvm("vgcreate", "--yes", vg, origin.node,
                                                    cache.node))
-            p.run(f"create the origin LV {vg}/{ORIGIN_LV} on the whole origin",
-                  lvm("lvcreate", "--yes", "--name", ORIGIN_LV, "--extents", "100%PVS", vg,
+            p.run(f"create the origin LV {vg}/{lv} on the whole origin",
+                  lvm("lvcreate", "--yes", "--name", lv, "--extents", "100%PVS", vg,
                       origin.node))
-            state.remember(p, f"record volume group {vg} in the mapping",
-                           lambda ctx: {"vg": vg, "origin_lv": ORIGIN_LV})
-        elif lv["lv_attr"][4:5] != "a":
+        elif info is not None and info["lv_attr"][4:5] != "a":
             p.run(f"activate volume group {vg}", lvm("vgchange", "--activate", "y", vg))
-        if lv is None or lv.get("segtype") != "cache":
-            self._attach(p, spec, vg, cache, mode, policy, settings)
+        if not state.of(entry).get("vg"):
+            state.remember(p, f"record volume group {vg} in the mapping",
+                           lambda ctx: {"vg": vg, "origin_lv": lv, "adopted": adopted})
+        if info is None or info.get("segtype") != "cache":
+            self._attach(p, spec, vg, lv, cache, mode, policy, settings)
         else:
-            if lv.get("cache_mode") != mode:
-                p.run(f"change the cache mode to {mode} in place (was {lv.get('cache_mode')})",
-                      lvm("lvchange", "--yes", "--cachemode", mode, f"{vg}/{ORIGIN_LV}"))
+            if info.get("cache_mode") != mode:
+                p.run(f"change the cache mode to {mode} in place "
+                      f"(was {info.get('cache_mode')})",
+                      lvm("lvchange", "--yes", "--cachemode", mode, f"{vg}/{lv}"))
             have = dict(kv.split("=", 1) for kv in
-                        (lv.get("kernel_cache_settings") or "").split(",") if "=" in kv)
-            if lv.get("cache_policy") != policy or any(have.get(k) != v for k, v in
-                                                       settings.items()):
+                        (info.get("kernel_cache_settings") or "").split(",") if "=" in kv)
+            if info.get("cache_policy") != policy or any(have.get(k) != v for k, v in
+                                                         settings.items()):
                 p.run(f"change the cache policy to {policy} in place",
                       lvm("lvchange", "--yes", "--cachepolicy", policy,
-                          *_settings_args(settings), f"{vg}/{ORIGIN_LV}"))
+                          *_settings_args(settings), f"{vg}/{lv}"))
         from ..restore import plan_unit
 
         plan_unit(p, spec)
-        return target
+        return f"/dev/{vg}/{lv}"
 
-    def _attach(self, p, spec, vg, cache, mode, policy, settings) -> None:
-        """Put a cache volume on the SSD and attach it to the origin LV, which may
-        already hold data: lvconvert keeps the LV's content."""
-        lvs = report(p.env.runner, "lvs", "lv_name", f"{vg}/{CACHE_LV}")
-        if not lvs:
-            p.run(f"create the cache volume {vg}/{CACHE_LV} on the whole SSD",
-                  lvm("lvcreate", "--yes", "--name", CACHE_LV, "--extents", "100%PVS", vg,
+    def _attach(self, p, spec, vg, lv, cache, mode, policy, settings) -> None:
+        """Put a cache volume on the SSD and attach it to the origin LV; lvconvert keeps
+        the LV's content."""
+        cvol = cache_lv(lv)
+        if not report(p.env.runner, "lvs", "lv_name", f"{vg}/{cvol}"):
+            p.run(f"create the cache volume {vg}/{cvol} on the whole SSD",
+                  lvm("lvcreate", "--yes", "--name", cvol, "--extents", "100%PVS", vg,
                       cache.node))
         chunk = spec.tunables.get("chunk_size")
-        p.run(f"attach {vg}/{CACHE_LV} as a {mode} cache of {vg}/{ORIGIN_LV}",
-              lvm("lvconvert", "--yes", "--type", "cache", "--cachevol", f"{vg}/{CACHE_LV}",
+        p.run(f"attach {vg}/{cvol} as a {mode} cache of {vg}/{lv}",
+              lvm("lvconvert", "--yes", "--type", "cache", "--cachevol", f"{vg}/{cvol}",
                   "--cachemode", mode, "--cachepolicy", policy,
                   *(["--chunksize", f"{int(chunk) // 1024}k"] if chunk else []),
-                  *_settings_args(settings), f"{vg}/{ORIGIN_LV}"))
+                  *_settings_args(settings), f"{vg}/{lv}"))
 
     def stats(self, entry, runner):
-        vg = state.of(entry).get("vg") or vg_name(entry["spec"]["name"])
-        st = os.stat(f"/dev/{vg}/{ORIGIN_LV}")
+        vg, lv, _ = names(entry, entry["spec"]["name"])
+        st = os.stat(f"/dev/{vg}/{lv}")
         res = runner.run(["dmsetup", "status", "-j", str(os.major(st.st_rdev)),
                           "-m", str(os.minor(st.st_rdev))])
         return cache_stats(parse_status(res.stdout))
@@ -141,23 +194,23 @@ class LvmCache(Backend):
         from ..status import current_node
         from .dmcache import wait_clean
 
-        vg = state.of(entry).get("vg") or vg_name(p.cache)
-        lv = origin_lv(p.env.runner, vg)
-        if lv is not None and lv.get("segtype") == "cache":
-            node = f"/dev/{vg}/{ORIGIN_LV}"
+        vg, lv, _ = names(entry, p.cache)
+        info = lv_info(p.env.runner, vg, lv)
+        if info is not None and info.get("segtype") == "cache":
+            node = f"/dev/{vg}/{lv}"
             p.run("switch the cache to the cleaner policy, which writes every dirty block "
                   "back to the origin", lvm("lvchange", "--yes", "--cachepolicy", "cleaner",
-                                            f"{vg}/{ORIGIN_LV}"))
+                                            f"{vg}/{lv}"))
             p.do("wait until the cache holds 0 dirty blocks",
                  lambda ctx: wait_clean(_dm_name(node), ctx.runner))
             p.run(f"detach and remove the cache volume (lvm flushes it first); "
-                  f"{vg}/{ORIGIN_LV} keeps the data",
-                  lvm("lvconvert", "--yes", "--uncache", f"{vg}/{ORIGIN_LV}"))
+                  f"{vg}/{lv} keeps the data",
+                  lvm("lvconvert", "--yes", "--uncache", f"{vg}/{lv}"))
         ssd = current_node(entry, "cache")
         if ssd and pv_vg(p.env.runner, ssd) == vg:
             p.run(f"take the SSD {ssd} out of {vg}", lvm("vgreduce", "--yes", vg, ssd))
             p.run(f"remove the LVM label from {ssd}", lvm("pvremove", "--yes", ssd))
-        p.plan.notes.append(f"the data stays in /dev/{vg}/{ORIGIN_LV} on the origin")
+        p.plan.notes.append(f"the data stays in /dev/{vg}/{lv} on the origin")
         remove_unit(p, p.cache)
 
 

@@ -5,8 +5,11 @@ BACKENDS = ("bcache", "dm-cache", "lvmcache")
 BOOT1 = ("test_apply", "test_second_apply_changes_nothing", "test_write_and_read_back",
          "test_status_shows_hits", "test_mode_change_in_place",
          "test_teardown_writeback_loses_nothing", "test_prepare_reboot")
+BOOT1_ONCE = ("test_lvmcache_attaches_to_existing_lv",)
 BOOT2 = ("test_restore_after_reboot", "test_restore_again_changes_nothing")
-# Guest disks: each backend gets its own partition pair (SSD part N in front of HDD part N).
+# Guest disks: each backend gets its own partition pair (SSD part N in front of HDD part N);
+# pair 4 holds an existing LV that lvmcache attaches to.
 PARTITION = {"bcache": 1, "dm-cache": 2, "lvmcache": 3}
-SSD_MIB, HDD_MIB = 256, 1536
-SSD_PARTS_MIB, HDD_PARTS_MIB = (80, 80), (480, 480)   # the last partition takes the rest
+EXISTING_LV_PARTITION = 4
+SSD_MIB, HDD_MIB = 320, 1984
+SSD_PARTS_MIB, HDD_PARTS_MIB = (80, 80, 80), (480, 480, 480)   # part 4 takes the rest

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cases import BACKENDS, BOOT1, BOOT2, HDD_MIB, SSD_MIB
+from cases import BACKENDS, BOOT1, BOOT1_ONCE, BOOT2, HDD_MIB, SSD_MIB
 
 pytestmark = pytest.mark.vm
 REPO = Path(__file__).resolve().parents[2]
@@ -104,6 +104,7 @@ def guest(tmp_path_factory):
 
 
 IDS = [f"guest_backends.py::{case}[{b}]" for b in BACKENDS for case in BOOT1] + \
+      [f"guest_backends.py::{case}" for case in BOOT1_ONCE] + \
       [f"guest_reboot.py::{case}[{b}]" for b in BACKENDS for case in BOOT2]
 
 

@@ -21,9 +21,9 @@ def guest_env():
     sh("modprobe", "-a", "dm-mod", "dm-cache", "dm-cache-smq", "dm-cache-cleaner", "bcache",
        "xfs", "loop")
     for disk, parts in ((SSD, SSD_PARTS_MIB), (HDD, HDD_PARTS_MIB)):
-        if not os.path.exists(f"{disk}-part3"):
+        if not os.path.exists(f"{disk}-part1"):   # fresh images; never after the reboot
             layout = "label: gpt\n" + "".join(f",{m}M\n" for m in parts) + ",\n"
             sh("sfdisk", "--quiet", disk, input=layout)
     sh("udevadm", "settle")
-    poll("partition links", lambda: all(os.path.exists(f"{d}-part3") for d in (SSD, HDD)))
+    poll("partition links", lambda: all(os.path.exists(f"{d}-part4") for d in (SSD, HDD)))
     yield

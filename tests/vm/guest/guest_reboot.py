@@ -25,7 +25,7 @@ def test_restore_after_reboot(backend):
     assert st["mounted"] and st["fs_uuid_matches"]
     assert st["cache"]["mode"] == "writeback"
     sums = json.loads((PERSIST / f"sums-r-{backend}.json").read_text())
-    assert checksums(data_dir(backend)) == sums
+    assert checksums(data_dir(backend), "r") == sums
     tunables = REBOOT_TUNABLES[backend]
     if backend == "bcache":
         from hotcache.provision import sysfs_bcache as sb

@@ -91,9 +91,9 @@ def write_files(folder: Path, count: int, size: int, prefix: str) -> dict[str, s
     return sums
 
 
-def checksums(folder: Path) -> dict[str, str]:
+def checksums(folder: Path, prefix: str = "") -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.glob("*.bin"))}
+            for p in sorted(folder.glob(f"{prefix}*.bin"))}
 
 
 def poll(what: str, fn, timeout: float = 30.0, interval: float = 1.0):
@@ -105,5 +105,3 @@ def poll(what: str, fn, timeout: float = 30.0, interval: float = 1.0):
         if time.monotonic() > end:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
-
-
