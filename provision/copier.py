@@ -230,16 +230,10 @@ def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = Non
         raise UsageError(f"no files of {src} were selected",
                          hint="check --include/--exclude/--list/--fraction")
     staging = Staging(dest)
-    journal: dict = {}
-    if staging.path.is_dir():
-        staging.lock()
-        if staging.source() not in (None, str(src)):
-            staging.unlock()
-            raise RefusedError(f"{staging.path} holds an unfinished copy of another source "
-                               f"({staging.source()})",
-                               hint=f"finish that copy, or remove {staging.path}")
-        journal = staging.journaled() if staging.source() else {}
-    plan = make_plan(sel.entries, dest, journal, opts.checksum)
+    try:
+        plan = _plan(src, dest, staging, sel.entries, opts)
+    finally:
+        staging.unlock()
     old = plan.old
     name = opts.name or (old or {}).get("name") or src.name
     summary = {"source": str(src), "dest": str(dest), "name": name,
@@ -248,12 +242,10 @@ def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = Non
                "resumed_files": len(plan.resumed), "checked_files": len(plan.check),
                "skipped": sel.warnings}
     if _same(plan, opts, name) and not plan.check and opts.version in (None, old["version"]):
-        staging.unlock()
         return {**summary, "version": old["version"], "changed": False}
     if opts.space_check:
         check_space(dest, plan.copy_bytes, opts.margin)
 
-    staging.unlock()
     existed = staging.path.is_dir()
     staging.create(src)
     try:
@@ -280,6 +272,20 @@ def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = Non
     recorded = _record(dest, meta, opts.state, meter)
     return {**summary, "version": meta["version"], "changed": True,
             "copied_at": meta["copied_at"], "cache": recorded}
+
+
+def _plan(src: Path, dest: Path, staging: Staging, entries: list[Entry],
+          opts: CopyOptions) -> Plan:
+    """The plan, taking an earlier run's staging journal into account (under its lock)."""
+    journal: dict = {}
+    if staging.path.is_dir():
+        staging.lock()
+        if staging.source() not in (None, str(src)):
+            raise RefusedError(f"{staging.path} holds an unfinished copy of another source "
+                               f"({staging.source()})",
+                               hint=f"finish that copy, or remove {staging.path}")
+        journal = staging.journaled() if staging.source() else {}
+    return make_plan(entries, dest, journal, opts.checksum)
 
 
 def _same(plan: Plan, opts: CopyOptions, name: str) -> bool:
