@@ -159,9 +159,11 @@ class LvmCache(Backend):
                         (info.get("kernel_cache_settings") or "").split(",") if "=" in kv)
             if info.get("cache_policy") != policy or any(have.get(k) != v for k, v in
                                                          settings.items()):
-                p.run(f"change the cache policy to {policy} in place",
+                p.run(f"change the cache policy to {policy} in the LVM metadata",
                       lvm("lvchange", "--yes", "--cachepolicy", policy,
                           *_settings_args(settings), f"{vg}/{lv}"))
+                p.run("load it into the active cache in place (lvchange alone does not)",
+                      lvm("lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
         from ..restore import plan_unit
 
         plan_unit(p, spec)
@@ -200,7 +202,10 @@ class LvmCache(Backend):
             node = f"/dev/{vg}/{lv}"
             p.run("switch the cache to the cleaner policy, which writes every dirty block "
                   "back to the origin", lvm("lvchange", "--yes", "--cachepolicy", "cleaner",
+                                            "--cachesettings", "migration_threshold=2048",
                                             f"{vg}/{lv}"))
+            p.run("load the cleaner into the active cache (lvchange alone does not)",
+                  lvm("lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
             p.do("wait until the cache holds 0 dirty blocks",
                  lambda ctx: wait_clean(_dm_name(node), ctx.runner))
             p.run(f"detach and remove the cache volume (lvm flushes it first); "
