@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import hotcache.provision.warm as w
 from hotcache.provision.warm import warm
 from tests.helpers import hotcache_json
 from tests.loop.test_copy_xfs import small_xfs
@@ -49,9 +50,11 @@ def test_warm_fills_the_page_cache(sandbox):
     assert resident(files) >= total - len(files) * 4096
 
 
-def test_block_cache_passes_reach_the_device_and_stop_when_promotion_stops(sandbox):
+def test_block_cache_reads_reach_the_device_and_stop_when_promotion_stops(sandbox,
+                                                                         monkeypatch):
     """The backend's statistics cannot exist on this kernel, so they are scripted here;
-    the reads, the eviction before each read and the pass loop are real."""
+    the reads, the eviction before each read, the one-second spacing of a window's
+    re-reads and the pass loop are real."""
     mp = small_xfs(sandbox, "ssd")
     data = make_dataset(mp / "ds", classes=("a",), n=10, size=256 << 10)
     files = sorted(p for p in data.rglob("*") if p.is_file())
@@ -60,7 +63,8 @@ def test_block_cache_passes_reach_the_device_and_stop_when_promotion_stops(sandb
     dev = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(mp)], check=True,
                          capture_output=True, text=True).stdout.strip()
     sectors_read = Path(f"/sys/class/block/{os.path.basename(dev)}/stat")
-    promotions = iter([0, 40, 70, 80, 80, 80, 80])
+    # the sweep's one window: +40, +30, +10, +0 (done); full passes: +10, +0 (settled)
+    promotions = iter([0, 40, 70, 80, 80, 90, 90])
     seen = []
 
     def stats():
@@ -70,15 +74,20 @@ def test_block_cache_passes_reach_the_device_and_stop_when_promotion_stops(sandb
                 "hits": p, "misses": 100 - p}
 
     report = warm(data, backend="dm-cache", stats=stats, max_passes=6, jobs=2)
-    assert [p["stats"]["promotions"] for p in report["passes"]] == [40, 70, 80, 80]
+    assert [(s["reads"], s["promoted"]) for s in report["sweep"]] == [(4, 80)]
+    assert [p["stats"]["promotions"] for p in report["passes"]] == [90, 90]
     assert report["stopped"] == "promotions and cache use stopped rising"
-    assert (report["hit_ratio_before"], report["hit_ratio_after"]) == (0.0, 0.8)
+    assert (report["hit_ratio_before"], report["hit_ratio_after"]) == (0.0, 0.9)
     assert report["evicted_before_reading"]
-    # every pass read the whole data set from the block device, not from the page cache
+    # every read (4 of the window, 2 full passes) took the whole data set from the block
+    # device, not from the page cache
+    assert len(seen) == 7
     assert all(b - a >= total // 512 for a, b in zip(seen, seen[1:]))
 
+    monkeypatch.setattr(w, "TICK", 0)
     promotions = iter(range(0, 1000, 10))
     capped = warm(data, backend="lvmcache", stats=stats, max_passes=3)
+    assert capped["sweep"][0]["reads"] == w.WINDOW_READS
     assert len(capped["passes"]) == 3 and "max-passes 3" in capped["stopped"]
     once = warm(data, backend="bcache", stats=stats)
-    assert len(once["passes"]) == 1
+    assert len(once["passes"]) == 1 and once["sweep"] == []
