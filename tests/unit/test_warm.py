@@ -44,9 +44,9 @@ def test_a_window_is_read_until_its_promotions_stop(gains, done):
     assert w.window_done(reads(*gains)) is done
 
 
-def full(fps: float | None, promoted: int, rising: bool = True, stats=None) -> dict:
+def full(fps: float | None, promoted: int, rising: bool = True, total: int = 3000) -> dict:
     return {"files_per_s": fps, "promoted": promoted, "rising": rising,
-            "stats": {"promotions": 1} if stats is None else stats}
+            "stats": {"promotions": total}}
 
 
 def test_full_passes_stop_when_promotion_stops_or_the_rate_plateaus():
@@ -54,6 +54,7 @@ def test_full_passes_stop_when_promotion_stops_or_the_rate_plateaus():
     assert w.settled([full(100, 50), full(300, 40)]) is None             # still speeding up
     assert w.settled([full(100, 50), full(104, 80)]) is None             # promoting more
     assert "plateaued" in w.settled([full(300, 50), full(310, 20)])
+    assert w.settled([full(300, 50), full(310, 40)]) is None   # still 1.3% of all promoted
     assert w.settled([full(100, 50), full(90, 0, rising=False)]) == \
         "promotions and cache use stopped rising"
     assert w.settled([{"stats": None}]) == "no cache statistics to follow"
@@ -79,8 +80,16 @@ def dataset(tmp_path: Path, files: int, size: int) -> Path:
     return tmp_path
 
 
+def no_metadata_drop(monkeypatch) -> list[int]:
+    """Count the dentry/inode drops instead of doing them (host-wide, on a shared host)."""
+    calls: list[int] = []
+    monkeypatch.setattr(w, "forget_metadata", lambda: calls.append(1) or True)
+    return calls
+
+
 def test_smq_warm_sweeps_then_reads_everything_until_it_settles(tmp_path, monkeypatch):
     monkeypatch.setattr(w, "TICK", 0)          # no waiting between re-reads in this test
+    drops = no_metadata_drop(monkeypatch)
     data = dataset(tmp_path, 4, 4096)
     # one window (tiny data): reads promote 3, 2, 0 -> done; full passes: 1, 0 -> settled
     cache = ScriptedCache([3, 2, 0, 1, 0])
@@ -91,10 +100,12 @@ def test_smq_warm_sweeps_then_reads_everything_until_it_settles(tmp_path, monkey
     assert all(p["bytes"] == 4 * 4096 and p["files"] == 4 for p in report["passes"])
     assert report["stopped"] == "promotions and cache use stopped rising"
     assert report["after"]["promotions"] == 6
+    assert report["metadata_reread"] and len(drops) == 3 + 2   # before every read
 
 
 def test_the_full_passes_are_bounded_and_other_caches_read_once(tmp_path, monkeypatch):
     monkeypatch.setattr(w, "TICK", 0)
+    no_metadata_drop(monkeypatch)
     data = dataset(tmp_path, 2, 4096)
     report = w.warm(data, backend="lvmcache", stats=ScriptedCache([9] * 50), max_passes=3)
     assert len(report["sweep"][0:1]) == 1 and report["sweep"][0]["reads"] == w.WINDOW_READS
@@ -104,3 +115,14 @@ def test_the_full_passes_are_bounded_and_other_caches_read_once(tmp_path, monkey
     blind = w.warm(data, backend="dm-cache", stats=lambda: None, max_passes=3)
     assert (blind["sweep"], len(blind["passes"]), blind["stopped"]) == \
         ([], 1, "no cache statistics to follow")
+
+
+def test_metadata_is_not_dropped_for_the_page_cache_or_when_not_allowed(tmp_path,
+                                                                       monkeypatch):
+    data = dataset(tmp_path, 2, 4096)
+    drops = no_metadata_drop(monkeypatch)
+    report = w.warm(data, backend="none")
+    assert (drops, report["metadata_reread"]) == ([], False)
+    monkeypatch.setattr(w, "forget_metadata", lambda: (drops.append(1), False)[1])
+    report = w.warm(data, backend="bcache", stats=ScriptedCache([1]))
+    assert (len(drops), report["metadata_reread"]) == (1, False)   # tried once, then not
