@@ -63,6 +63,18 @@ def test_write_and_read_back(backend):
     assert checksums(data_dir(backend)) == sums
 
 
+def test_data_root_names_the_cache(backend, monkeypatch):
+    """The training adapters tell, unprivileged-style from sysfs, which cache is behind
+    DATA_ROOT: here checked against the real bcache, dm-cache and lvmcache devices."""
+    from hotcache.adapters import data_root
+
+    monkeypatch.setenv("DATA_ROOT", str(data_dir(backend)))
+    root = data_root()
+    assert root.backing.fstype == "xfs"
+    assert root.backing.cache == backend, root.backing
+    assert root.backing.mountpoint == str(MOUNTS / backend)
+
+
 def test_status_shows_hits(backend):
     for _ in range(4):          # dm-cache's smq promotes only blocks read again and again
         drop_caches()
