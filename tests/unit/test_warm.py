@@ -49,12 +49,11 @@ def full(fps: float | None, promoted: int, rising: bool = True, total: int = 300
             "stats": {"promotions": total}}
 
 
-def test_full_passes_stop_when_promotion_stops_or_the_rate_plateaus():
+def test_full_passes_stop_when_promotion_stops_or_dwindles():
     assert w.settled([full(100, 50)]) is None
-    assert w.settled([full(100, 50), full(300, 40)]) is None             # still speeding up
-    assert w.settled([full(100, 50), full(104, 80)]) is None             # promoting more
-    assert "plateaued" in w.settled([full(300, 50), full(310, 20)])
-    assert w.settled([full(300, 50), full(310, 40)]) is None   # still 1.3% of all promoted
+    assert w.settled([full(300, 50), full(302, 17, total=2923)]) is None   # rate alone: no
+    assert "dwindled (3 in the last pass, 3129 in all)" in \
+        w.settled([full(300, 50), full(600, 3, total=3129)])
     assert w.settled([full(100, 50), full(90, 0, rising=False)]) == \
         "promotions and cache use stopped rising"
     assert w.settled([{"stats": None}]) == "no cache statistics to follow"
