@@ -12,6 +12,8 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from hotcache.provision.blockdev import unescape_mountinfo
+
 SYS_DEV_BLOCK = Path("/sys/dev/block")
 MOUNTINFO = Path("/proc/self/mountinfo")
 
@@ -31,11 +33,6 @@ class Backing:
         return asdict(self)
 
 
-def _unescape(field: str) -> str:
-    # mountinfo escapes space, tab, newline and backslash as \ooo octal
-    return field.encode().decode("unicode_escape") if "\\" in field else field
-
-
 def mount_of(path: Path) -> tuple[str, str, str, str] | None:
     """(mountpoint, fstype, source, major:minor) of the mount holding `path`."""
     best = None
@@ -43,11 +40,11 @@ def mount_of(path: Path) -> tuple[str, str, str, str] | None:
     for line in MOUNTINFO.read_text().splitlines():
         left, _, right = line.partition(" - ")
         parts = left.split()
-        mnt = _unescape(parts[4])
+        mnt = unescape_mountinfo(parts[4])
         inside = target == mnt or target.startswith(mnt.rstrip("/") + "/")
         if inside and (best is None or len(mnt) >= len(best[0])):
             fstype, source = (right.split() + ["", ""])[:2]
-            best = (mnt, fstype, _unescape(source), parts[2])
+            best = (mnt, fstype, unescape_mountinfo(source), parts[2])
     return best
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,12 +34,17 @@ def mounts() -> list[Mount]:
         parts = left.split()
         fstype, source, super_opts = (right.split() + ["", "", ""])[:3]
         options = tuple(dict.fromkeys(parts[5].split(",") + super_opts.split(",")))
-        out.append(Mount(parts[2], _unescape(parts[4]), fstype, options, source))
+        out.append(Mount(parts[2], unescape_mountinfo(parts[4]), fstype, options, source))
     return out
 
 
-def _unescape(path: str) -> str:
-    return path.encode().decode("unicode_escape") if "\\" in path else path
+_OCTAL = re.compile(r"\\([0-7]{3})")
+
+
+def unescape_mountinfo(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as \\ooo octal; everything else
+    (UTF-8 names included) is left as it is."""
+    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
 def mount_at(mountpoint: str) -> Mount | None:

@@ -197,7 +197,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
              lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, None, "building"))
 
     target = backend.build(p, spec, entry, devs)
-    target_dev = _target_device(spec, devs, target)
+    target_dev = _target_device(spec, devs, target, p.env.runner)
     # A cache brought back after a boot (restore) appears only when its steps run; its
     # backend knows the filesystem is already on it.
     if target_dev.fs.get("UUID") != fs_uuid and not backend.keeps_filesystem(entry, devs):
@@ -213,14 +213,14 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
              lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, target, "ready"))
 
 
-def _target_device(spec: CacheSpec, devs: dict[str, Device], target) -> Device:
+def _target_device(spec: CacheSpec, devs: dict[str, Device], target, runner: Runner) -> Device:
     for dev in devs.values():
         if dev.node == target:
             return dev
     # A backend-made device (bcache, dm): read what is on it if it already exists.
     if isinstance(target, str) and os.path.exists(target):
         return Device("cached", spec.origin, target, True, blockdev.size_bytes(target), None,
-                      blockdev.fs_identity(target, Runner()))
+                      blockdev.fs_identity(target, runner))
     return Device("cached", spec.origin, target, False, 0)
 
 
@@ -302,6 +302,8 @@ def _entry_drifted(entry: dict | None, spec: CacheSpec) -> bool:
 
 def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
             fs_uuid: str, target, state: str) -> None:
+    if ctx.runner.dry_run:
+        return
     devices = {}
     for role, dev in devs.items():
         node = ctx.resolve(dev.node) if isinstance(dev.node, Ref) else dev.node
@@ -310,15 +312,13 @@ def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
             info["path"] = dev.ref.path
         if dev.ref.loop:
             info["loop_file"] = os.path.realpath(dev.ref.loop.file)
-        if not ctx.runner.dry_run and os.path.exists(node):
+        if os.path.exists(node):
             info["size"] = blockdev.size_bytes(node)
             info["by_id"] = blockdev.by_id_links(node)
         devices[role] = info
     cached = None
     if target is not None:
         cached = ctx.resolve(target) if isinstance(target, Ref) else target
-    if ctx.runner.dry_run:
-        return
     with mapping.editing(env.state) as data:
         old = data["caches"].get(spec.name, {})
         data["caches"][spec.name] = {

@@ -52,3 +52,15 @@ def test_plan_json_shows_every_argv_and_changes_nothing(sandbox):
     mkfs = next(a for a in argvs if a[0] == "mkfs.xfs")
     assert mkfs[-1] == f"<loop device of {sandbox / 'hot.img'}>"
     assert not (sandbox / "hot.img").exists() and not (sandbox / "state").exists()
+
+
+def test_mountpoints_with_spaces_and_non_ascii_names_are_found(sandbox):
+    """mountinfo escapes a space as \\040 but leaves UTF-8 as it is; both readers agree."""
+    from hotcache.adapters.blockinfo import backing_of
+    from hotcache.provision.blockdev import mount_at
+
+    mp = sandbox / "my dätä"
+    mp.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", mp], check=True)
+    assert mount_at(str(mp)).mountpoint == str(mp)
+    assert backing_of(mp).mountpoint == str(mp) and backing_of(mp).fstype == "tmpfs"
