@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from hotcache.provision.blockdev import unescape_mountinfo
+
 HOTCACHE = [sys.executable, "-m", "hotcache.provision"]
 
 
@@ -55,7 +57,7 @@ def mounts_under(root: Path) -> list[str]:
     out = []
     prefix = str(root).rstrip("/") + "/"
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mp = line.split()[4]
+        mp = unescape_mountinfo(line.split()[4])   # "my data" is listed as my\040data
         if mp.startswith(prefix):
             out.append(mp)
     return out
