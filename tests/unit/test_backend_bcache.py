@@ -39,10 +39,14 @@ def test_same_value_tolerates_bcache_rounding():
     assert not sb.same_value("writeback_percent", "10", 20)
 
 
-def test_tunables_default_sequential_cutoff_zero_and_spec_overrides():
-    assert bcache.desired_tunables({}) == {"sequential_cutoff": 0}
+def test_tunables_default_cutoff_and_congestion_off_and_spec_overrides():
+    off = {"congested_read_threshold_us": 0, "congested_write_threshold_us": 0}
+    assert bcache.desired_tunables({}) == {"sequential_cutoff": 0, **off}
     assert bcache.desired_tunables({"sequential_cutoff": 1 << 20, "writeback_percent": 5}) == \
-        {"sequential_cutoff": 1 << 20, "writeback_percent": 5}
+        {"sequential_cutoff": 1 << 20, "writeback_percent": 5, **off}
+    assert bcache.desired_tunables({"congested_read_threshold_us": 2000}) == \
+        {"sequential_cutoff": 0, "congested_read_threshold_us": 2000,
+         "congested_write_threshold_us": 0}
 
 
 def test_cache_set_tunables_live_under_the_set():
