@@ -13,9 +13,16 @@ is dropped before every pass.
 - bcache: passes 1-3 (pass 1 fills the cache: every miss is cached with
   sequential_cutoff 0).
 - dm-cache, lvmcache: pass 1 cold, then `hotcache warm` (a focused sweep re-reading
-  one window of the files at a time, then full passes until promotions stop rising or
-  the read rate plateaus), then two passes. The log shows what warm did: per window,
-  reads and blocks promoted; per full pass, files/s and blocks promoted.
+  one window of the files at a time, then full passes until the reads hit the cache,
+  with the files still read slowly re-read on their own between them), then two
+  passes. The log shows what warm did: per window, reads and blocks promoted; per full
+  pass, files/s, blocks promoted and reads missed; per re-read of slow files, how many.
+
+Each goal pass is held against bare SSD passes read right before and right after it
+(the mean of the two): under emulation the host's load drifts during the ~10 minutes
+of a run. The table's "x bare SSD" uses the median of all bare SSD passes. Per pass the
+log shows how many reads each device served (the cached device, its origin, its SSD), so
+a slow pass can be told apart: reads still going to the origin, or the CPU.
 
 Run as root on the host:  .venv/bin/python bench/bench_vm_cache.py [--files 2000] [--kib 100]
 Goals: bcache >= 0.8x the bare SSD on pass 2; dm-cache and lvmcache >= 0.8x the bare SSD
@@ -28,6 +35,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -95,16 +103,52 @@ def write_dataset(folder: Path, files: int, size: int) -> None:
     os.sync()
 
 
-def read_pass(folder: Path) -> float:
-    """files/s reading every file once, in name order, page cache dropped first."""
+def block_name(path: str | Path) -> str:
+    """sysfs name of a block device node or of the device a mountpoint lives on."""
+    st = os.stat(path)
+    dev = st.st_rdev if Path(path).is_block_device() else st.st_dev
+    return Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}").resolve().name
+
+
+def io_counts(names: dict[str, str]) -> dict[str, tuple[int, int]]:
+    """(reads completed, sectors read) of each block device, from /sys/class/block."""
+    out = {}
+    for label, name in names.items():
+        fields = Path(f"/sys/class/block/{name}/stat").read_text().split()
+        out[label] = (int(fields[0]), int(fields[2]))
+    return out
+
+
+def queue_limits(name: str) -> str:
+    """read_ahead_kb and max_sectors_kb of a whole disk or dm device (partitions use
+    their disk's queue)."""
+    sysfs = Path(f"/sys/class/block/{name}")
+    queue = sysfs / "queue" if (sysfs / "queue").exists() else sysfs.resolve().parent / "queue"
+    return " ".join(f"{k}={(queue / k).read_text().strip()}"
+                    for k in ("read_ahead_kb", "max_sectors_kb"))
+
+
+def read_pass(folder: Path, devices: dict[str, str] | None = None) -> float:
+    """files/s reading every file once, in name order, page cache dropped first. With
+    `devices` ({label: sysfs name}), logs the reads each of them served in the pass: how
+    many went to the slow origin, and the average request size."""
     drop_caches()
     names = sorted(folder.iterdir())
+    before = io_counts(devices or {})
     t0 = time.monotonic()
     for p in names:
         with open(p, "rb", buffering=0) as f:
             while f.read(1 << 20):
                 pass
-    return len(names) / (time.monotonic() - t0)
+    rate = len(names) / (time.monotonic() - t0)
+    if devices:
+        after = io_counts(devices)
+        parts = []
+        for label, (ios, sectors) in after.items():
+            n, s = ios - before[label][0], sectors - before[label][1]
+            parts.append(f"{label} {n} reads ({s * 512 / max(n, 1) / 1024:.0f} KiB avg)")
+        print(f"    {rate:.0f} files/s: {'; '.join(parts)}", flush=True)
+    return rate
 
 
 def hotcache(*args) -> None:
@@ -150,6 +194,7 @@ def guest(args) -> int:
 
     results: dict[str, list[float]] = {}
     warmed: dict[str, dict] = {}
+    around: dict[str, tuple[float, float]] = {}   # bare SSD just before and after a goal pass
     for label, disk in (("bare origin", "hdd"), ("bare SSD", "ssd")):
         dev = f"/dev/disk/by-id/virtio-{disk}-part4"
         mp = root / disk
@@ -157,17 +202,37 @@ def guest(args) -> int:
         sh("mkfs.xfs", "-q", "-s", "size=4096", dev)
         sh("mount", "-o", "noatime", dev, mp)
         write_dataset(mp / "data", args.files, size)
-        results[label] = [read_pass(mp / "data") for _ in range(2)]
+        log(f"{label}: {block_name(dev)} ({queue_limits(block_name(dev))})")
+        results[label] = [read_pass(mp / "data", {label: block_name(dev)})
+                          for _ in range(2)]
         log(f"{label}: {', '.join(f'{v:.0f}' for v in results[label])} files/s")
+    ssd_data, ssd_dev = root / "ssd" / "data", block_name("/dev/disk/by-id/virtio-ssd-part4")
+
+    def goal_pass(backend: str, data: Path, devices: dict[str, str]) -> float:
+        """The pass a goal is judged on, with a bare SSD pass right before and right after
+        it: under emulation the host's load drifts over a run, so the ceiling a goal pass
+        is held against is measured next to it."""
+        before = read_pass(ssd_data, {"bare SSD": ssd_dev})
+        rate = read_pass(data, devices)
+        after = read_pass(ssd_data, {"bare SSD": ssd_dev})
+        around[backend] = (before, after)
+        log(f"    bare SSD around that pass: {before:.0f} before, {after:.0f} after")
+        return rate
     for backend, (_, cold_mode) in BACKENDS.items():
         t0 = time.monotonic()
         hotcache("apply", spec(backend, cold_mode, root, persist), "--yes")
         data = root / backend / "data"
         write_dataset(data, args.files, size)
         hotcache("apply", spec(backend, "writethrough", root, persist), "--yes")
-        passes = [read_pass(data)]
+        n = BACKENDS[backend][0]
+        devices = {"cached device": block_name(root / backend),
+                   "origin": block_name(f"/dev/disk/by-id/virtio-hdd-part{n}"),
+                   "SSD": block_name(f"/dev/disk/by-id/virtio-ssd-part{n}")}
+        log(f"{backend}: {devices['cached device']} "
+            f"({queue_limits(devices['cached device'])})")
+        passes = [read_pass(data, devices)]
         if backend == "bcache":
-            passes += [read_pass(data) for _ in range(2)]
+            passes += [goal_pass(backend, data, devices), read_pass(data, devices)]
         else:
             from hotcache.provision.warm import warm
 
@@ -177,19 +242,27 @@ def guest(args) -> int:
                 "seconds": round(time.monotonic() - tw), "stopped": report["stopped"],
                 "promotions": (report["after"] or {}).get("promotions"),
                 "sweep": [f"{s['reads']} reads +{s['promoted']}" for s in report["sweep"]],
-                "passes": [f"{p['files_per_s']:.0f} files/s +{p['promoted']}"
-                           for p in report["passes"]]}
-            passes += [read_pass(data) for _ in range(2)]
+                "passes": [f"{p['files_per_s']:.0f} files/s +{p['promoted']}, missed "
+                           f"{p['lookups'][1] if p['lookups'] else '?'}"
+                           for p in report["passes"]],
+                "slow files re-read": [f"after pass {f['after_pass']}: {f['files']} files, "
+                                       f"{f['reads']} reads +{f['promoted']}"
+                                       for f in report["focus"]]}
+            passes += [goal_pass(backend, data, devices), read_pass(data, devices)]
         results[backend] = passes
         extra = f" (hotcache warm: {warmed[backend]})" if backend in warmed else ""
         log(f"{backend}: {', '.join(f'{v:.0f}' for v in passes)} files/s "
             f"[{time.monotonic() - t0:.0f} s]{extra}")
 
-    ssd = max(results["bare SSD"])
+    log("dmsetup table / status at the end:\n" + sh("dmsetup", "table")
+        + sh("dmsetup", "status"))
+    every_ssd = results["bare SSD"] + [v for pair in around.values() for v in pair]
+    ssd = statistics.median(every_ssd)
     origin = max(results["bare origin"])
     log("")
-    log(f"baselines: bare SSD {ssd:.0f} files/s (the ceiling), bare throttled origin "
-        f"{origin:.0f} files/s")
+    log(f"baselines: bare SSD {ssd:.0f} files/s (the ceiling: median of its "
+        f"{len(every_ssd)} passes, {min(every_ssd):.0f}-{max(every_ssd):.0f}), "
+        f"bare throttled origin {origin:.0f} files/s")
     log("| device | pass | files/s | x bare SSD | x bare origin |")
     log("|---|---|---|---|---|")
     for label, passes in results.items():
@@ -198,15 +271,16 @@ def guest(args) -> int:
             names = ["1 (cold)", "after warm", "after warm +1"]
         for name, v in zip(names, passes):
             log(f"| {label} | {name} | {v:.0f} | {v / ssd:.2f} | {v / origin:.1f} |")
-    goals = {"bcache pass 2": results["bcache"][1] / ssd}
-    for b in warmed:
-        goals[f"{b} first pass after warm"] = results[b][1] / ssd
-    for what, ratio in goals.items():
-        log(f"goal {what} >= 0.8x bare SSD: {ratio:.2f}x "
-            f"{'met' if ratio >= 0.8 else 'NOT met'}")
+    goals = {}
+    for b, what in [("bcache", "pass 2"), *((b, "first pass after warm") for b in warmed)]:
+        ceiling = sum(around[b]) / 2
+        goals[f"{b} {what}"] = ratio = results[b][1] / ceiling
+        log(f"goal {b} {what} >= 0.8x bare SSD: {results[b][1]:.0f} files/s against "
+            f"{ceiling:.0f} (bare SSD just before and after: {around[b][0]:.0f}, "
+            f"{around[b][1]:.0f}) = {ratio:.2f}x {'met' if ratio >= 0.8 else 'NOT met'}")
     (out / "results.json").write_text(json.dumps(
         {"files": args.files, "kib": args.kib, "files_per_s": results, "warm": warmed,
-         "ratios_to_ssd": goals}, indent=2))
+         "bare_ssd_around_goal_pass": around, "ratios_to_ssd": goals}, indent=2))
     return 0
 
 

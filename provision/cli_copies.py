@@ -144,13 +144,14 @@ def verify(
 def warm(
     path: Path = typer.Argument(..., help="A hot copy or any folder to read."),
     max_passes: int = typer.Option(8, "--max-passes", min=1,
-                                   help="dm-cache/lvmcache: most passes to read."),
+                                   help="Block caches: most full passes to read."),
     jobs: int = JobsOpt, as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
 ):
     """Read every file (in parallel) so that training finds it cached. With a hotcache
     block cache behind PATH, passes reach the device and the hit ratio and cache use
-    are shown before and after; dm-cache and lvmcache are read again until they stop
-    promoting."""
+    are shown before and after, and PATH is read again until a pass's reads hit the cache
+    (at most 0.5% of its bytes came from the origin device); dm-cache and lvmcache first
+    re-read the files window by window, as their smq policy promotes gradually."""
     from .warm import warm as do_warm
 
     meter = _meter(as_json)

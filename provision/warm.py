@@ -3,20 +3,33 @@ epoch finds it in the cache.
 
 - No hotcache block cache behind the path (or backend `none`): one pass fills the page
   cache.
-- bcache: one pass fills it (with sequential_cutoff 0, every read is cached).
-- dm-cache / lvmcache: the smq policy promotes gradually, so warm works in two phases:
-  1. a focused sweep: the files (in path order) are cut into about 8 windows by size and
-     each window is read again and again, at most one read per second, until its
-     promotions stop rising (at most WINDOW_READS reads). Why: smq (dm-cache-policy-smq.c)
-     promotes a missed block only when its "hotspot" entry ranks high, raises an entry at
-     most once per 1 s tick, and promotes eagerly only when a good share of recent
-     lookups land on high-ranked entries. Re-reading one window across several ticks
-     lifts exactly those entries above the rest; one read of everything per pass lifts
-     every entry alike, which (measured: README, block-cache benchmark) left smq
-     promoting only part of the data per pass.
-  2. full passes over everything until the cache settles (`settled`): promotions and
-     cache use stopped rising, or the last pass promoted under 0.2% of all promotions,
-     at most `max_passes` times.
+- Block caches: full passes until a pass's reads were served by the cache (`settled`):
+  at most 0.5% of its bytes came from the origin, counted by the origin device itself
+  (`origin_reads`: /sys/class/block/<origin>/stat; else the cache's miss counter); or
+  the cache is full; or QUIET_PASSES passes in a row neither promoted nor read less from
+  the origin; at most `max_passes`. bcache caches every read miss (sequential_cutoff 0,
+  congestion bypass off), so one pass usually does it and the second proves it
+  (measured in the guest kernel: after one parallel pass, half of a dataset still came
+  from the origin in one boot, none in another).
+- dm-cache / lvmcache: the smq policy promotes gradually, so before the full passes
+  comes a focused sweep: the files (in path order) are cut into about 8 windows by size
+  and each window is read again and again, at most one read per second, until its
+  promotions stop rising (at most WINDOW_READS reads). Why: smq (dm-cache-policy-smq.c)
+  promotes a missed block only when its "hotspot" entry ranks high, raises an entry at
+  most once per 1 s tick, and promotes eagerly only when a good share of recent
+  lookups land on high-ranked entries. Re-reading one window across several ticks
+  lifts exactly those entries above the rest; one read of everything per pass lifts
+  every entry alike, which (measured: README, block-cache benchmark) left smq
+  promoting only part of the data per pass. smq promotes in waves (a pass without
+  promotions can be followed by one with many), so one quiet pass does not end it.
+  Full passes are spaced a tick apart, and between two of them the files that the last
+  pass read much slower than the rest (they still came from the origin: `slow_files`)
+  are re-read on their own, when they are under half of all, until they hit the cache
+  (at most FOCUS_READS reads): a full pass raises every hotspot entry alike, a focused
+  re-read raises exactly the ones still missing (measured: full passes alone cut the
+  misses by only 20-30% each). smq may still decline some blocks for good (seen in the
+  guest kernel: lvmcache kept a quarter of a small dataset on the origin through 16
+  focused reads); the report says how much the last pass read from the origin.
   Raising dm-cache's `migration_threshold` during warm would not help: in the kernel
   it only gates idle-time writeback (`spare_migration_bandwidth`); queued promotions are
   issued regardless (`smq_get_background_work`), so warm leaves the tunable alone.
@@ -43,10 +56,11 @@ import os
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from . import units
 from .errors import HotcacheError, UsageError
 from .filecopy import CHUNK, default_jobs
 from .meter import NullMeter
@@ -57,7 +71,13 @@ WINDOWS = 8             # the focused sweep's windows, at most
 MIN_WINDOW = 8 << 20    # bytes: smaller data sets get fewer windows
 WINDOW_READS = 6        # reads of one window, at most
 TICK = 1.1              # seconds: smq lifts a hotspot entry at most once per 1 s tick
-DWINDLED = 2            # per mille: a pass promoting fewer of all promotions is the last
+MISSED = 5              # per mille: a pass with fewer of its reads missing is the last
+SLOWER = 4              # a file read this many times slower than a pass's fastest quarter
+SLOW_FLOOR = 0.003      # and slower than this (seconds per MiB) came from the origin
+FOCUS_SHARE = 0.5       # re-read the slow files alone when they are under half of all
+FOCUS_READS = 16        # reads of them, at most (smq lifts an entry by 1-4 levels a tick)
+QUIET_PASSES = 3        # full passes in a row that promoted nothing and missed as much
+FULL = 0.99             # share of the cache in use at which it can take no more
 
 
 def files_under(path: Path) -> list[tuple[Path, int]]:
@@ -74,10 +94,12 @@ def files_under(path: Path) -> list[tuple[Path, int]]:
     return out
 
 
-def read_file(path: Path, evict: bool, meter: NullMeter, local) -> int:
+def read_file(path: Path, evict: bool, meter: NullMeter, local) -> tuple[int, float]:
+    """Read one file; (bytes, seconds the read took)."""
     buf = getattr(local, "buf", None)
     if buf is None:
         buf = local.buf = memoryview(bytearray(CHUNK))
+    t0 = time.monotonic()
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     total = 0
     try:
@@ -89,7 +111,7 @@ def read_file(path: Path, evict: bool, meter: NullMeter, local) -> int:
             meter.advance(n)
     finally:
         os.close(fd)
-    return total
+    return total, time.monotonic() - t0
 
 
 def forget_metadata() -> bool:
@@ -103,12 +125,28 @@ def forget_metadata() -> bool:
         return False
 
 
-def read_pass(files: list[tuple[Path, int]], jobs: int, evict: bool, meter: NullMeter) -> int:
+def read_pass(files: list[tuple[Path, int]], jobs: int, evict: bool,
+              meter: NullMeter) -> tuple[int, list[float]]:
+    """Read the files in parallel; (bytes, each file's read time in `files` order)."""
     import threading
 
     local = threading.local()
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="hotcache-warm") as pool:
-        return sum(pool.map(lambda f: read_file(f[0], evict, meter, local), files))
+        done = list(pool.map(lambda f: read_file(f[0], evict, meter, local), files))
+    return sum(n for n, _ in done), [t for _, t in done]
+
+
+def slow_files(files: list[tuple[Path, int]], seconds: list[float]) -> list[tuple[Path, int]]:
+    """The files of a pass that were read several times slower (per MiB) than the pass's
+    fastest quarter, and slower than any SSD is: under a block cache those still came,
+    at least partly, from the origin. Timing is all there is to go by: dm-cache does not
+    say which blocks it holds."""
+    if not files:
+        return []
+    per_mib = [t / max(1.0, size / CHUNK) for (_, size), t in zip(files, seconds)]
+    fast = sorted(per_mib)[len(per_mib) // 4]
+    limit = max(SLOWER * fast, SLOW_FLOOR)
+    return [f for f, t in zip(files, per_mib) if t > limit]
 
 
 def backing(path: Path, state: Path | None) -> tuple[str, dict] | None:
@@ -163,31 +201,120 @@ def windows(files: list[tuple[Path, int]]) -> list[list[tuple[Path, int]]]:
     return [w for w in out if w]
 
 
+def hit_cache(read: dict) -> str | None:
+    """What shows that a read was served by the cache (at most MISSED per mille of it came
+    from the origin), or None. The origin device's own read counter decides when known;
+    else the cache's miss counter (dm-cache counts bios, not bytes)."""
+    origin = read.get("from_origin")
+    if origin is not None and read["bytes"]:
+        if origin * 1000 <= read["bytes"] * MISSED:
+            return f"{units.size(origin)} of {units.size(read['bytes'])} came from the origin"
+        return None
+    seen = read.get("lookups")
+    if seen and seen[0] and seen[1] * 1000 <= seen[0] * MISSED:
+        return f"{seen[1]} of {seen[0]} reads missed"
+    return None
+
+
+def still_missing(read: dict) -> str:
+    origin, seen = read.get("from_origin"), read.get("lookups")
+    if origin is not None:
+        return f"; {units.size(origin)} of {units.size(read['bytes'])} in the last pass " \
+               "came from the origin"
+    return f"; {seen[1]} of {seen[0]} reads in the last pass missed" if seen else ""
+
+
 def window_done(reads: list[dict]) -> bool:
-    """Stop re-reading a window once a read promoted nothing more after reads that did,
-    or after three reads that promoted nothing at all (smq will not take it now)."""
-    gains = [r["promoted"] for r in reads]
-    if len(gains) >= WINDOW_READS:
+    """Stop re-reading a window once a read hit the cache, or promotions stopped for two
+    reads in a row after reads that promoted (smq promotes in waves: one quiet read is no
+    end), or three reads promoted nothing at all (smq will not take it now); at most
+    WINDOW_READS reads."""
+    if len(reads) >= WINDOW_READS or hit_cache(reads[-1]):
         return True
-    if gains[-1] > 0:
-        return False
-    return any(gains) or len(gains) >= 3
+    gains = [r["promoted"] for r in reads]
+    return gains[-2:] == [0, 0] and (any(gains) or len(gains) >= 3)
+
+
+def focus_done(reads: list[dict]) -> bool:
+    """Stop re-reading the slow files only once they hit the cache (or after FOCUS_READS
+    reads): the entries smq keeps for them start low and rise by at most 4 of its 64
+    levels a tick, promotion needs level 48 while most lookups land low, so reads that
+    promote nothing at first are still on the way."""
+    return len(reads) >= FOCUS_READS or hit_cache(reads[-1]) is not None
+
+
+def lookups(before: dict | None, after: dict | None) -> tuple[int, int] | None:
+    """(reads and writes the cache saw, of them misses) between two statistics reads, or
+    None when the backend does not count hits and misses."""
+    keys = ("hits", "misses")
+    if not before or not after or any(after.get(k) is None or before.get(k) is None
+                                      for k in keys):
+        return None
+    hits, misses = (after[k] - before[k] for k in keys)
+    return hits + misses, misses
+
+
+def falling(before: dict | None, after: dict) -> bool:
+    """Did the origin serve clearly less (under 90%) in `after` than in `before`? (bcache
+    has no promotion counter, and its cache use is reported in whole per cents.)"""
+    a, b = (before or {}).get("from_origin"), after.get("from_origin")
+    return a is not None and b is not None and b * 10 < a * 9
 
 
 def settled(passes: list[dict]) -> str | None:
     """Why the full passes can stop after the last one, or None to read again.
 
-    Not on a plateaued read rate: measured in the VM benchmark, the rate plateaued while
-    the CPU was the limit and ~7% of the data was still on the origin only."""
+    What counts is whether reads still go to the origin: a pass that promoted nothing can
+    still have missed (measured in the VM benchmark: smq's promotions came in waves,
+    +126, +14, +0, then +52 in the next pass), so a quiet pass alone is not the end.
+    Not on a plateaued read rate either: it plateaued while the CPU was the limit and ~7%
+    of the data was still on the origin only."""
     last = passes[-1]
+    hit = hit_cache(last)
+    if hit:
+        return f"reads hit the cache: {hit} in the last pass"
     if last["stats"] is None:
-        return "no cache statistics to follow"
-    if not last["rising"]:
-        return "promotions and cache use stopped rising"
-    if last["promoted"] * 1000 < promotions(last["stats"]) * DWINDLED:
-        return (f"promotions dwindled ({last['promoted']} in the last pass, "
-                f"{promotions(last['stats'])} in all)")
+        return "no cache statistics to follow" + still_missing(last)
+    used, size = (last["stats"].get(k) for k in ("cache_used_bytes", "cache_total_bytes"))
+    if used and size and used >= FULL * size and not last["rising"]:
+        return "the cache is full" + still_missing(last)
+    known = last.get("from_origin") is not None or last.get("lookups") is not None
+    quiet = [p for i, p in enumerate(passes) if i >= len(passes) - QUIET_PASSES
+             and not p["rising"] and not falling(passes[i - 1] if i else None, p)]
+    if len(quiet) == QUIET_PASSES or (not known and not last["rising"]):
+        return "promotions and cache use stopped rising" + still_missing(last)
     return None
+
+
+def origin_reads(path: Path, runner) -> Callable[[], int | None] | None:
+    """A reader of the bytes read so far from the slow device behind the block cache that
+    holds `path` (its /sys/class/block/.../stat), or None when there is none to find.
+    The origin's own counter says what the caches' statistics may not: bcache folds its
+    counters in every few seconds, dm-cache counts bios, and neither counts the reads
+    its promotions make."""
+    from .dmtable import parse_table
+
+    dev = os.stat(path).st_dev
+    majmin = f"{os.major(dev)}:{os.minor(dev)}"
+    try:
+        top = Path(f"/sys/dev/block/{majmin}").resolve(strict=True)
+        if (top / "dm").is_dir():     # dm-cache, lvmcache: the cache target's origin
+            res = runner.run(["dmsetup", "table", "-j", str(os.major(dev)),
+                              "-m", str(os.minor(dev))])
+            origin = parse_table(res.stdout.strip()).origin
+            found = Path(f"/sys/dev/block/{origin}").resolve(strict=True)
+        else:   # bcache: the backing device (of its two slaves, the one holding bcache/)
+            found = (top / "bcache").resolve(strict=True).parent
+    except (OSError, ValueError, HotcacheError):
+        return None
+    stat_file = found / "stat"
+
+    def read() -> int | None:
+        try:
+            return int(stat_file.read_text().split()[2]) * 512
+        except (OSError, ValueError, IndexError):
+            return None
+    return read
 
 
 @dataclass
@@ -199,56 +326,67 @@ class Reader:
     stats: Callable[[], dict | None]
     last: dict | None
 
+    origin: Callable[[], int | None] = lambda: None   # bytes read from the origin so far
     metadata: bool = True     # still allowed to drop dentries and inodes
+    seconds: list[float] = field(default_factory=list)   # per file, of the last read
 
     def read(self, label: str, files: list[tuple[Path, int]], note: bool) -> dict:
         if self.evict and self.metadata:
             self.metadata = forget_metadata()
         self.meter.start(label, sum(size for _, size in files))
+        origin0 = self.origin()
         t0 = time.monotonic()
-        read = read_pass(files, self.jobs, self.evict, self.meter)
+        read, self.seconds = read_pass(files, self.jobs, self.evict, self.meter)
         seconds = time.monotonic() - t0
-        now = self.stats()
+        now, origin1 = self.stats(), self.origin()
         out = {"bytes": read, "files": len(files), "seconds": round(seconds, 3),
                "mib_per_s": round(read / (1 << 20) / seconds, 1) if seconds else None,
                "files_per_s": round(len(files) / seconds, 1) if seconds else None,
                "promoted": max(0, promotions(now) - promotions(self.last)),
+               "lookups": lookups(self.last, now),
+               "from_origin": None if None in (origin0, origin1) else origin1 - origin0,
                "rising": rising(self.last, now), "stats": now}
         if note:
             self.meter.note(f"{label}: {out['files_per_s'] or 0:.0f} files/s, "
                             f"{out['promoted']} promoted (total {(now or {}).get('promotions')})"
-                            f", cache used {(now or {}).get('cache_used_bytes')}")
+                            f"{still_missing(out)}, cache used "
+                            f"{units.size((now or {}).get('cache_used_bytes'))}")
         self.last = now
         return out
 
 
+def reread(reader: Reader, part: list[tuple[Path, int]], label: str,
+           done: Callable[[list[dict]], bool] = window_done) -> dict:
+    """Read a part of the files again and again, at most once per smq tick, until `done`
+    says so."""
+    reads: list[dict] = []
+    while not reads or not done(reads):
+        if reads and reads[-1]["seconds"] < TICK:
+            time.sleep(TICK - reads[-1]["seconds"])   # a read in the same tick counts once
+        reads.append(reader.read(f"{label}, read {len(reads) + 1}", part, note=False))
+    promoted = sum(r["promoted"] for r in reads)
+    reader.meter.note(f"{label}: {len(part)} files, {len(reads)} reads, {promoted} promoted")
+    return {"files": len(part), "reads": len(reads), "promoted": promoted,
+            "seconds": round(sum(r["seconds"] for r in reads), 3)}
+
+
 def sweep(reader: Reader, files: list[tuple[Path, int]]) -> list[dict]:
     """Phase 1 for smq: each window read until its promotions stop (see the module doc)."""
-    out = []
     parts = windows(files)
-    for i, part in enumerate(parts, 1):
-        reads: list[dict] = []
-        while not reads or not window_done(reads):
-            if reads and reads[-1]["seconds"] < TICK:
-                time.sleep(TICK - reads[-1]["seconds"])   # a read in the same tick counts once
-            reads.append(reader.read(f"warm window {i}/{len(parts)}, read {len(reads) + 1}",
-                                     part, note=False))
-        promoted = sum(r["promoted"] for r in reads)
-        reader.meter.note(f"window {i}/{len(parts)}: {len(part)} files, {len(reads)} reads, "
-                          f"{promoted} promoted")
-        out.append({"window": i, "files": len(part), "reads": len(reads),
-                    "promoted": promoted, "seconds": round(sum(r["seconds"] for r in reads), 3)})
-    return out
+    return [{"window": i, **reread(reader, part, f"warm window {i}/{len(parts)}")}
+            for i, part in enumerate(parts, 1)]
 
 
 def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None = None,
          runner=None, meter: NullMeter | None = None,
-         stats: Callable[[], dict | None] | None = None, backend: str | None = None) -> dict:
+         stats: Callable[[], dict | None] | None = None, backend: str | None = None,
+         origin: Callable[[], int | None] | None = None) -> dict:
     """Warm the cache(s) behind `path`; returns a report of every pass.
 
-    `stats` and `backend` override what the mapping says (tests, or callers that already
-    hold the mapping entry); normally both come from the entry whose mount holds `path`.
-    `max_passes` bounds the full passes after the focused sweep (dm-cache, lvmcache).
+    `stats`, `backend` and `origin` (bytes read from the origin so far) override what the
+    mapping and sysfs say (tests, or callers that already hold the mapping entry);
+    normally they come from the entry whose mount holds `path`. `max_passes` bounds the
+    full passes (block caches; after the focused sweep for dm-cache and lvmcache).
     """
     meter = meter or NullMeter()
     path = Path(os.path.abspath(path))
@@ -262,37 +400,48 @@ def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None =
         if found:
             cache, entry = found
             backend = entry.get("backend")
-            if backend in BLOCK_CACHES and stats is None:
+            if backend in BLOCK_CACHES:
                 from .runner import Runner
 
-                stats = backend_stats(entry, runner or Runner())
+                runner = runner or Runner()
+                stats = stats or backend_stats(entry, runner)
+                origin = origin or origin_reads(path, runner)
     backend = backend or "none"
     stats = stats or (lambda: None)
     files = files_under(path)
     total = sum(size for _, size in files)
     block = backend in BLOCK_CACHES
-    repeating = backend in REPEATING
-    limit = max_passes if repeating else 1
+    smq = backend in REPEATING
+    limit = max_passes if block else 1
     before = stats()
-    reader = Reader(jobs or default_jobs(), block, meter, stats, before)
-    swept = sweep(reader, files) if repeating and before is not None else []
+    reader = Reader(jobs or default_jobs(), block, meter, stats, before,
+                    origin or (lambda: None))
+    swept = sweep(reader, files) if smq and before is not None else []
     passes: list[dict] = []
-    reason = "one pass fills it"
+    focused: list[dict] = []
+    reason = "page cache: one pass"
     for n in range(1, limit + 1):
+        if smq and passes and passes[-1]["seconds"] < TICK:
+            time.sleep(TICK - passes[-1]["seconds"])   # smq counts one hit per tick
         one = reader.read(f"warm pass {n}/{limit}" if limit > 1 else "warm", files,
-                          note=repeating)
+                          note=block)
         passes.append({"pass": n, **one})
-        if repeating:
-            stop = settled(passes)
-            reason = stop or f"reached --max-passes {max_passes}"
-            if stop:
-                break
-    if not block:
-        reason = "page cache: one pass"
+        if not block:
+            break
+        stop = settled(passes)
+        reason = stop or f"reached --max-passes {max_passes}" + still_missing(one)
+        if stop or n == limit:
+            break
+        slow = slow_files(files, reader.seconds)
+        if smq and slow and len(slow) < FOCUS_SHARE * len(files):
+            # like a window of the sweep, but only the files that still missed
+            focused.append({"after_pass": n, **reread(
+                reader, slow, f"warm: {len(slow)} slow files after pass {n}", focus_done)})
     last = reader.last
     return {"path": str(path), "files": len(files), "bytes": total, "cache": cache,
             "backend": backend, "evicted_before_reading": block,
             "metadata_reread": block and reader.metadata, "sweep": swept,
-            "passes": passes, "stopped": reason, "before": before, "after": last,
+            "passes": passes, "focus": focused, "stopped": reason,
+            "before": before, "after": last,
             "hit_ratio_before": (before or {}).get("hit_ratio"),
             "hit_ratio_after": (last or {}).get("hit_ratio")}

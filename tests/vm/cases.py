@@ -3,7 +3,8 @@ test expects each one in the guest's JUnit report (a case that did not run fails
 
 BACKENDS = ("bcache", "dm-cache", "lvmcache")
 BOOT1 = ("test_apply", "test_second_apply_changes_nothing", "test_write_and_read_back",
-         "test_data_root_names_the_cache", "test_status_shows_hits", "test_mode_change_in_place",
+         "test_data_root_names_the_cache", "test_status_shows_hits",
+         "test_warm_fills_the_cache", "test_mode_change_in_place",
          "test_teardown_writeback_loses_nothing", "test_prepare_reboot")
 BOOT1_ONCE = ("test_lvmcache_attaches_to_existing_lv",)
 BOOT2 = ("test_restore_after_reboot", "test_restore_again_changes_nothing")

@@ -85,6 +85,46 @@ def test_status_shows_hits(backend):
     assert cache["cache_used_bytes"] > 0
 
 
+COLD_MODE = {"bcache": "none", "dm-cache": "passthrough", "lvmcache": "passthrough"}
+
+
+def origin_bytes_read(backend: str) -> int:
+    name = Path(f"{HDD}-part{PARTITION[backend]}").resolve().name
+    return int(Path(f"/sys/class/block/{name}/stat").read_text().split()[2]) * 512
+
+
+def test_warm_fills_the_cache(backend):
+    """Data written past the cache (a mode that does not cache) is on the origin only;
+    `hotcache warm` reads it until the origin device serves (almost) none of it, and what
+    it reports about the origin is what a cold read after it finds: bcache holds it all;
+    smq (dm-cache, lvmcache) promotes most of it, and may decline some blocks for good."""
+    assert hotcache("apply", spec_for(backend, mode=COLD_MODE[backend]), "--yes").code == 0
+    folder = MOUNTS / backend / "warm"
+    count, size = 48, 256 * 1024
+    sums = write_files(folder, count, size, "w")
+    res = hotcache("apply", spec_for(backend), "--yes")       # writethrough again, in place
+    assert res.code == 0, res.out
+    res = hotcache("warm", folder, "--json")
+    assert res.code == 0, res.out
+    report = res.json
+    assert report["backend"] == backend and report["evicted_before_reading"]
+    assert report["hit_ratio_after"] is not None
+    passes = report["passes"]
+    if backend == "bcache":     # it started on the origin, and one pass moved it
+        assert report["sweep"] == [] and passes[0]["from_origin"] >= count * size // 2
+    else:                       # the windows of the sweep read it from the origin first
+        assert report["sweep"], report
+    drop_caches()
+    before = origin_bytes_read(backend)
+    assert checksums(folder) == sums
+    from_origin = origin_bytes_read(backend) - before
+    why = (from_origin, report["stopped"], [(p["from_origin"], p["promoted"]) for p in passes],
+           report["focus"])
+    assert abs(from_origin - passes[-1]["from_origin"]) <= 0.1 * count * size, why
+    limit = 0.05 if backend == "bcache" else 0.5
+    assert from_origin <= limit * count * size, why
+
+
 def test_mode_change_in_place(backend):
     fs_uuid = status(backend)
     plan = hotcache("plan", spec_for(backend, mode="writeback"), "--json")
