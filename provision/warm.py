@@ -65,8 +65,8 @@ from .errors import HotcacheError, UsageError
 from .filecopy import CHUNK, default_jobs
 from .meter import NullMeter
 
-REPEATING = ("dm-cache", "lvmcache")   # promote gradually: read until it stops rising
-BLOCK_CACHES = ("bcache", *REPEATING)
+SMQ = ("dm-cache", "lvmcache")   # smq promotes gradually: a sweep of windows first
+BLOCK_CACHES = ("bcache", *SMQ)
 WINDOWS = 8             # the focused sweep's windows, at most
 MIN_WINDOW = 8 << 20    # bytes: smaller data sets get fewer windows
 WINDOW_READS = 6        # reads of one window, at most
@@ -411,7 +411,7 @@ def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None =
     files = files_under(path)
     total = sum(size for _, size in files)
     block = backend in BLOCK_CACHES
-    smq = backend in REPEATING
+    smq = backend in SMQ
     limit = max_passes if block else 1
     before = stats()
     reader = Reader(jobs or default_jobs(), block, meter, stats, before,
