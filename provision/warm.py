@@ -221,7 +221,8 @@ def still_missing(read: dict) -> str:
     if origin is not None:
         return f"; {units.size(origin)} of {units.size(read['bytes'])} in the last pass " \
                "came from the origin"
-    return f"; {seen[1]} of {seen[0]} reads in the last pass missed" if seen else ""
+    return f"; {seen[1]} of {seen[0]} reads in the last pass missed" if seen and seen[0] \
+        else ""
 
 
 def window_done(reads: list[dict]) -> bool:
