@@ -32,6 +32,8 @@ def test_restore_after_reboot(backend):
         node = st["devices"]["origin"]["node"]
         assert sb.read(sb.bdev_dir(node) / "writeback_percent") == "20"
         assert sb.parse_human(sb.read(sb.bdev_dir(node) / "sequential_cutoff")) == 0
+        cset = sb.set_dir(sb.attached_set(node))
+        assert sb.read(cset / "congested_read_threshold_us") == "0"
     else:
         import os
         rdev = os.stat(st["cached_device"]).st_rdev
