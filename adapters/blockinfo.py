@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hotcache.provision.blockdev import unescape_mountinfo
+from hotcache.provision.block.blockdev import unescape_mountinfo
 
 SYS_DEV_BLOCK = Path("/sys/dev/block")
 MOUNTINFO = Path("/proc/self/mountinfo")

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hotcache.provision.errors import DataRootError
-from hotcache.provision.hotcopy_format import STAGING_SUFFIX, read_metadata, staging_dir
+from hotcache.provision.hotcopy.format import STAGING_SUFFIX, read_metadata, staging_dir
 
 from .blockinfo import Backing, backing_of
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 from hotcache.provision.errors import DataRootError
-from hotcache.provision.hotcopy_format import RESERVED
+from hotcache.provision.hotcopy.format import RESERVED
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 

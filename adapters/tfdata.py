@@ -37,7 +37,7 @@ def _dataset_version(root: Path, files: list[str]) -> dict:
     folder the listing with sizes and modification times."""
     copy = hot_copy_at(root)
     if copy.state in ("hot", "unverified"):
-        from hotcache.provision.hotcopy_format import read_metadata
+        from hotcache.provision.hotcopy.format import read_metadata
 
         meta = read_metadata(Path(copy.root)) or {}
         return {"copy": copy.name, "version": copy.version, "copied_at": meta.get("copied_at"),

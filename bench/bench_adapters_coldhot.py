@@ -20,7 +20,7 @@ from pathlib import Path
 from bench_adapters_data import make_dataset_on_disk
 
 from hotcache.adapters.compare import run_root, table
-from hotcache.provision.runner import Runner
+from hotcache.provision.system.runner import Runner
 from tests.unit.adapters_helpers import write_hot_copy
 
 

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hotcache.provision import hotcopy_format
+from hotcache.provision.hotcopy import format as hotcopy_format
 
 HOTCACHE = str(Path(sys.executable).with_name("hotcache"))
 

@@ -154,7 +154,7 @@ def read_pass(folder: Path, devices: dict[str, str] | None = None) -> float:
 def hotcache(*args) -> None:
     from typer.testing import CliRunner
 
-    from hotcache.provision.cli import app
+    from hotcache.provision.cli.commands import app
 
     res = CliRunner().invoke(app, [str(a) for a in args])
     if res.exit_code != 0:
@@ -234,7 +234,7 @@ def guest(args) -> int:
         if backend == "bcache":
             passes += [goal_pass(backend, data, devices), read_pass(data, devices)]
         else:
-            from hotcache.provision.warm import warm
+            from hotcache.provision.observe.warm import warm
 
             tw = time.monotonic()
             report = warm(data, state=persist / "m.yaml", max_passes=args.max_warm)

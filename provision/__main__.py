@@ -1,3 +1,3 @@
-from .cli import main
+from hotcache.provision.cli.commands import main
 
 main()

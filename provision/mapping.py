@@ -13,9 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from . import __version__
-from .atomic import locked, write_atomic
-from .errors import UsageError
+from hotcache.provision import __version__
+from hotcache.provision.system.atomic import locked, write_atomic
+from hotcache.provision.errors import UsageError
 
 SCHEMA_VERSION = 1
 DEFAULT_STATE = "/etc/hotcache/mappings.yaml"

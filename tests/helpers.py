@@ -10,7 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from hotcache.provision.blockdev import unescape_mountinfo
+from hotcache.provision.block.blockdev import unescape_mountinfo
 
 HOTCACHE = [sys.executable, "-m", "hotcache.provision"]
 

@@ -3,20 +3,20 @@ statistics and takes it down; the engine does everything above the block device.
 
 from __future__ import annotations
 
-from .base import Backend
+from hotcache.provision.backends.base import Backend
 
 
 def get(name: str) -> Backend:
     if name == "none":
-        from .plain import Plain
+        from hotcache.provision.backends.plain import Plain
         return Plain()
     if name == "bcache":
-        from .bcache import Bcache
+        from hotcache.provision.backends.bcache import Bcache
         return Bcache()
     if name == "dm-cache":
-        from .dmcache import DmCache
+        from hotcache.provision.backends.dmcache import DmCache
         return DmCache()
     if name == "lvmcache":
-        from .lvmcache import LvmCache
+        from hotcache.provision.backends.lvmcache import LvmCache
         return LvmCache()
     raise KeyError(name)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..engine import Device, Planner
-    from ..plan import Ref
-    from ..runner import Runner
-    from ..spec import CacheSpec
+    from hotcache.provision.engine.apply import Device, Planner
+    from hotcache.provision.engine.plan import Ref
+    from hotcache.provision.system.runner import Runner
+    from hotcache.provision.engine.spec import CacheSpec
 
 
 class Backend:

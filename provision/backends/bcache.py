@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import uuid
 
-from .. import sysfs_bcache as sb
-from ..errors import HotcacheError, KernelUnsupported
-from ..plan import Ref
-from ..wait import wait_until
-from . import state
-from .base import Backend
+from hotcache.provision.backends import bcache_sysfs as sb
+from hotcache.provision.errors import HotcacheError, KernelUnsupported
+from hotcache.provision.engine.plan import Ref
+from hotcache.provision.system.waits import wait_until
+from hotcache.provision.backends import state
+from hotcache.provision.backends.base import Backend
 
 BLOCK = "4k"               # cache and backing block sizes must match to attach
 MIN_BUCKETS = 1024         # the kernel refuses fewer ("ca->sb.nbuckets is too small")
@@ -123,7 +123,7 @@ class Bcache(Backend):
             p.run("erase old signatures showing through the new bcache device",
                   ["wipefs", "--all", target], destructive=True)
         self._plan_tunables(p, spec, origin.node, cset, live)
-        from ..restore import plan_unit
+        from hotcache.provision.engine.restore import plan_unit
 
         plan_unit(p, spec)
         return target
@@ -142,7 +142,7 @@ class Bcache(Backend):
                      sb.tunable_path(k, ctx.resolve(node), cset), str(v)))
 
     def stats(self, entry, runner):
-        from ..status import current_node
+        from hotcache.provision.engine.status import current_node
 
         st = state.of(entry)
         node, cset = current_node(entry, "origin"), st.get("cset_uuid")
@@ -173,8 +173,8 @@ class Bcache(Backend):
         }
 
     def dismantle(self, p, entry):
-        from ..restore import remove_unit
-        from ..status import current_node
+        from hotcache.provision.engine.restore import remove_unit
+        from hotcache.provision.engine.status import current_node
 
         st = state.of(entry)
         node, cset = current_node(entry, "origin"), st.get("cset_uuid")
@@ -231,7 +231,7 @@ def attach(origin_node: str, cset: str) -> None:
 
 def wait_for_link(bdev_uuid: str) -> str:
     link = sb.BY_UUID / bdev_uuid
-    from ..runner import Runner
+    from hotcache.provision.system.runner import Runner
 
     runner = Runner()
     runner.run(["udevadm", "settle", "--timeout=10"], check=False)

@@ -11,20 +11,20 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from ..dmtable import CacheTable, cache_stats, parse_status, parse_table
-from ..errors import CommandFailed, HotcacheError
-from ..plan import Ref
-from ..runner import Runner
-from ..wait import wait_until
-from . import state
-from .base import Backend
+from hotcache.provision.backends.dmtable import CacheTable, cache_stats, parse_status, parse_table
+from hotcache.provision.errors import CommandFailed, HotcacheError
+from hotcache.provision.engine.plan import Ref
+from hotcache.provision.system.runner import Runner
+from hotcache.provision.system.waits import wait_until
+from hotcache.provision.backends import state
+from hotcache.provision.backends.base import Backend
 
 DEFAULT_BLOCK = 64 * 1024     # bytes: small blocks suit many small dataset files
 MIB = 2048                    # sectors
 
 
 def flush_timeout() -> float:
-    from .bcache import flush_timeout as t
+    from hotcache.provision.backends.bcache import flush_timeout as t
     return t()
 
 
@@ -64,7 +64,7 @@ class DmCache(Backend):
     programs = ("dmsetup", "cache_metadata_size", "mkfs.xfs", "dd", "wipefs")
 
     def unavailable(self):
-        from ..discover import kernel_has
+        from hotcache.provision.observe.discover import kernel_has
 
         if not kernel_has("device-mapper"):
             return "the kernel has no device-mapper (`dmsetup version` cannot reach it)"
@@ -155,7 +155,7 @@ class DmCache(Backend):
             state.remember(p, "record the dm-cache geometry and table names in the mapping",
                            lambda ctx: {**geo, "names": names,
                                         "table": want.render().replace("ORIGIN", "<origin>")})
-        from ..restore import plan_unit
+        from hotcache.provision.engine.restore import plan_unit
 
         plan_unit(p, spec)
         return f"/dev/mapper/{names['cache']}"
@@ -166,7 +166,7 @@ class DmCache(Backend):
         return cache_stats(parse_status(res.stdout))
 
     def dismantle(self, p, entry):
-        from ..restore import remove_unit
+        from hotcache.provision.engine.restore import remove_unit
 
         runner = p.env.runner
         names = state.of(entry).get("names") or dm_names(p.cache)

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import os
 
-from ..dmtable import cache_stats, parse_status
-from ..runner import Runner
-from . import state
-from .base import Backend
+from hotcache.provision.backends.dmtable import cache_stats, parse_status
+from hotcache.provision.system.runner import Runner
+from hotcache.provision.backends import state
+from hotcache.provision.backends.base import Backend
 
 ORIGIN_LV = "data"
 
@@ -93,7 +93,7 @@ class LvmCache(Backend):
                 "lvs", "dmsetup", "mkfs.xfs", "wipefs")
 
     def unavailable(self):
-        from ..discover import kernel_has
+        from hotcache.provision.observe.discover import kernel_has
 
         if not kernel_has("device-mapper"):
             return "the kernel has no device-mapper (`dmsetup version` cannot reach it)"
@@ -164,7 +164,7 @@ class LvmCache(Backend):
                           *_settings_args(settings), f"{vg}/{lv}"))
                 p.run("load it into the active cache in place (lvchange alone does not)",
                       lvm("lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
-        from ..restore import plan_unit
+        from hotcache.provision.engine.restore import plan_unit
 
         plan_unit(p, spec)
         return f"/dev/{vg}/{lv}"
@@ -192,9 +192,9 @@ class LvmCache(Backend):
         return cache_stats(parse_status(res.stdout))
 
     def dismantle(self, p, entry):
-        from ..restore import remove_unit
-        from ..status import current_node
-        from .dmcache import wait_clean
+        from hotcache.provision.engine.restore import remove_unit
+        from hotcache.provision.engine.status import current_node
+        from hotcache.provision.backends.dmcache import wait_clean
 
         vg, lv, _ = names(entry, p.cache)
         info = lv_info(p.env.runner, vg, lv)

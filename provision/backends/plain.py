@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Backend
+from hotcache.provision.backends.base import Backend
 
 
 class Plain(Backend):

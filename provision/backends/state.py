@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .. import mapping
+from hotcache.provision import mapping
 
 
 def remember(p, summary: str, compute: Callable[[object], dict]) -> None:

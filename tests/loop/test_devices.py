@@ -57,7 +57,7 @@ def test_plan_json_shows_every_argv_and_changes_nothing(sandbox):
 def test_mountpoints_with_spaces_and_non_ascii_names_are_found(sandbox):
     """mountinfo escapes a space as \\040 but leaves UTF-8 as it is; both readers agree."""
     from hotcache.adapters.blockinfo import backing_of
-    from hotcache.provision.blockdev import mount_at
+    from hotcache.provision.block.blockdev import mount_at
 
     mp = sandbox / "my dätä"
     mp.mkdir()

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hotcache.provision import engine, mapping
-from hotcache.provision.fstab import fstab_path
+from hotcache.provision import mapping
+from hotcache.provision.engine import apply as engine
+from hotcache.provision.system.fstab import fstab_path
 from hotcache.provision.mapping import state_path
-from hotcache.provision.runner import Runner
-from hotcache.provision.spec import parse_spec
+from hotcache.provision.system.runner import Runner
+from hotcache.provision.engine.spec import parse_spec
 from tests.helpers import hotcache, hotcache_json, loop_spec, loops_under, mounts_under
 
 pytestmark = pytest.mark.root

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import hotcache.provision.warm as w
-from hotcache.provision.warm import warm
+import hotcache.provision.observe.warm as w
+from hotcache.provision.observe.warm import warm
 from tests.helpers import hotcache_json
 from tests.loop.test_copy_xfs import small_xfs
 from tests.unit.test_copy import make_dataset

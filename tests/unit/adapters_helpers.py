@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from hotcache.provision.hotcopy_format import FORMAT, MANIFEST, METADATA, staging_dir
+from hotcache.provision.hotcopy.format import FORMAT, MANIFEST, METADATA, staging_dir
 
 CLASSES = ("cat", "dog", "eel")
 

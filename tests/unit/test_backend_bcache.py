@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from hotcache.provision import sysfs_bcache as sb
+from hotcache.provision.backends import bcache_sysfs as sb
 from hotcache.provision.backends import bcache
-from hotcache.provision.engine import Env, plan_apply
+from hotcache.provision.engine.apply import Env, plan_apply
 from hotcache.provision.errors import ExitCode, KernelUnsupported
-from hotcache.provision.runner import Runner
-from hotcache.provision.spec import parse_spec
+from hotcache.provision.system.runner import Runner
+from hotcache.provision.engine.spec import parse_spec
 
 
 @pytest.mark.parametrize("size, bucket", [(80 * 2**20, 64 * 1024), (256 * 2**20, 256 * 1024),

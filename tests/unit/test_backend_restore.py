@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hotcache.provision import restore
+from hotcache.provision.engine import restore
 from hotcache.provision.backends import lvmcache
 
 

@@ -278,7 +278,8 @@ def test_copy_verify_reads_back_before_publishing(env):
 def test_copy_verify_publishes_nothing_when_a_file_reads_back_wrong(env, monkeypatch):
     """A device that returns other bytes than were written cannot be made here, so the
     read-back of one file is made to differ; everything else is real."""
-    from hotcache.provision import copier, verify
+    from hotcache.provision.hotcopy import copier
+    from hotcache.provision.hotcopy import verify
     from hotcache.provision.errors import DriftError
 
     src = make_dataset(env / "src", n=4)

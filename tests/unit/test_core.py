@@ -13,10 +13,11 @@ import jsonschema
 import pytest
 import yaml
 
-from hotcache.provision import fstab, mapping
+from hotcache.provision import mapping
+from hotcache.provision.system import fstab
 from hotcache.provision.errors import CommandFailed, MissingProgram, NotRoot
-from hotcache.provision.runner import Runner, require
-from hotcache.provision.spec import json_schema, load_spec, parse_size
+from hotcache.provision.system.runner import Runner, require
+from hotcache.provision.engine.spec import json_schema, load_spec, parse_size
 from tests.helpers import hotcache
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def test_dry_run_records_instead_of_running(tmp_path):
 
 
 def test_missing_program_names_the_debian_package(monkeypatch):
-    monkeypatch.setattr("hotcache.provision.runner.which", lambda p: None)
+    monkeypatch.setattr("hotcache.provision.system.runner.which", lambda p: None)
     with pytest.raises(MissingProgram) as info:
         require("mkfs.xfs")
     assert info.value.exit_code == 7 and "apt-get install xfsprogs" in str(info.value)

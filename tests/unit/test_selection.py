@@ -7,7 +7,7 @@ import os
 import pytest
 
 from hotcache.provision.errors import UsageError
-from hotcache.provision.selection import matches, read_list, select, walk
+from hotcache.provision.hotcopy.selection import matches, read_list, select, walk
 
 
 @pytest.fixture

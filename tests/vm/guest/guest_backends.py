@@ -43,7 +43,7 @@ def test_apply(backend):
     assert cache["mode"] == "writethrough"
     assert cache["cache_total_bytes"] > 0
     if backend == "bcache":
-        from hotcache.provision import sysfs_bcache as sb
+        from hotcache.provision.backends import bcache_sysfs as sb
 
         assert st["cached_device"].startswith("/dev/bcache/by-uuid/")
         assert cache["sequential_cutoff"] == 0 and cache["bypassed"] >= 0

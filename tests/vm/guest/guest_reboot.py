@@ -28,7 +28,7 @@ def test_restore_after_reboot(backend):
     assert checksums(data_dir(backend), "r") == sums
     tunables = REBOOT_TUNABLES[backend]
     if backend == "bcache":
-        from hotcache.provision import sysfs_bcache as sb
+        from hotcache.provision.backends import bcache_sysfs as sb
         node = st["devices"]["origin"]["node"]
         assert sb.read(sb.bdev_dir(node) / "writeback_percent") == "20"
         assert sb.parse_human(sb.read(sb.bdev_dir(node) / "sequential_cutoff")) == 0

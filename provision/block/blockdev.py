@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .runner import Runner
+from hotcache.provision.system.runner import Runner
 
 SYS_BLOCK = Path("/sys/class/block")
 

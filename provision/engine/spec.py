@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import SpecError
+from hotcache.provision.errors import SpecError
 
 SPEC_VERSION = 1
 BACKENDS = ("none", "bcache", "dm-cache", "lvmcache")

@@ -15,8 +15,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import UsageError
-from .hotcopy_format import RESERVED, STAGING_SUFFIX
+from hotcache.provision.errors import UsageError
+from hotcache.provision.hotcopy.format import RESERVED, STAGING_SUFFIX
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ UnitDirOpt = typer.Option(None, "--unit-dir", envvar="HOTCACHE_UNIT_DIR", show_e
 
 
 def register(app) -> None:
-    from .cli import FstabOpt, JsonOpt, StateOpt
+    from hotcache.provision.cli.commands import FstabOpt, JsonOpt, StateOpt
 
     @app.command()
     def doctor(
@@ -33,12 +33,12 @@ def register(app) -> None:
         restore of bcache tunables and dm-cache tables, drift between the mapping and the
         devices, free space and verification of hot copies. Exits 9 when it finds a
         problem (warnings alone exit 0)."""
-        from .cli import emit
-        from .doctor import PROBLEM, WARNING, Options, report, run
-        from .errors import ExitCode
-        from .fstab import fstab_path
-        from .mapping import state_path
-        from .metrics import DEFAULT_UNIT_DIR
+        from hotcache.provision.cli.commands import emit
+        from hotcache.provision.observe.doctor import PROBLEM, WARNING, Options, report, run
+        from hotcache.provision.errors import ExitCode
+        from hotcache.provision.system.fstab import fstab_path
+        from hotcache.provision.mapping import state_path
+        from hotcache.provision.observe.metrics import DEFAULT_UNIT_DIR
 
         opts = Options(state_path(state and str(state)),
                        fstab_path(str(fstab)) if fstab else None, system_fstab,
@@ -47,7 +47,7 @@ def register(app) -> None:
         if as_json:
             emit(doc)
         else:
-            from .cli import console
+            from hotcache.provision.cli.commands import console
 
             c = console()
             for f in doc["findings"]:
@@ -81,12 +81,12 @@ def register(app) -> None:
         service. Idempotent; --json reports {"changed": ...}."""
         import sys
 
-        from .cli import emit
-        from .metrics import DEFAULT_TEXTFILE, DEFAULT_UNIT_DIR, install_timer, timer_units
-        from .runner import Runner
+        from hotcache.provision.cli.commands import emit
+        from hotcache.provision.observe.metrics import DEFAULT_TEXTFILE, DEFAULT_UNIT_DIR, install_timer, timer_units
+        from hotcache.provision.system.runner import Runner
 
         if not check:
-            from .cli import need_root
+            from hotcache.provision.cli.commands import need_root
 
             need_root("metrics-timer")
         units = None

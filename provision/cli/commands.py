@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from typer.exceptions import TyperException
 
-from .errors import ExitCode, HotcacheError, NotRoot, RefusedError
+from hotcache.provision.errors import ExitCode, HotcacheError, NotRoot, RefusedError
 
 app = typer.Typer(
     help="SSD caches in front of HDD arrays, verified hot copies of datasets, and the "
@@ -26,7 +26,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from . import __version__
+        from hotcache.provision import __version__
 
         sys.stdout.write(f"hotcache {__version__}\n")
         raise typer.Exit(0)
@@ -61,10 +61,10 @@ def need_root(command: str) -> None:
 
 
 def make_env(state: Optional[Path], fstab_file: Optional[Path], dry_run: bool = False):
-    from .engine import Env
-    from .fstab import fstab_path
-    from .mapping import state_path
-    from .runner import Runner
+    from hotcache.provision.engine.apply import Env
+    from hotcache.provision.system.fstab import fstab_path
+    from hotcache.provision.mapping import state_path
+    from hotcache.provision.system.runner import Runner
 
     return Env(Runner(dry_run=dry_run), state_path(state and str(state)),
                fstab_path(fstab_file and str(fstab_file)))
@@ -108,7 +108,7 @@ def devices(
 ):
     """List block devices: size, SSD or HDD, model, serial, by-id links, signatures,
     mountpoints, holders, and whether hotcache may use each one."""
-    from .discover import backend_report, discover
+    from hotcache.provision.observe.discover import backend_report, discover
 
     if backends:
         rows = backend_report()
@@ -155,8 +155,8 @@ def plan(
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
 ):
     """Show what `apply` would do: each step with the exact command it runs. Changes nothing."""
-    from .engine import plan_apply
-    from .spec import load_spec
+    from hotcache.provision.engine.apply import plan_apply
+    from hotcache.provision.engine.spec import load_spec
 
     host = load_spec(spec)
     need_root("plan")
@@ -175,8 +175,8 @@ def apply(
     """Make the host match the spec. Idempotent: a second apply changes nothing, and an
     interrupted apply finishes when run again. Devices with existing signatures are
     refused unless the spec says `wipe: true` for them."""
-    from .engine import plan_apply
-    from .spec import load_spec
+    from hotcache.provision.engine.apply import plan_apply
+    from hotcache.provision.engine.spec import load_spec
 
     host = load_spec(spec)
     need_root("apply")
@@ -201,7 +201,7 @@ def carry_out(result, env, title: str, *, yes: bool, as_json: bool, done: str) -
 
 
 def _run_steps(result, env, quiet: bool) -> None:
-    from .engine import execute
+    from hotcache.provision.engine.apply import execute
 
     if quiet or not sys.stderr.isatty():
         return execute(result, env.runner)
@@ -229,20 +229,20 @@ def status(
 ):
     """Compare the mapping with the host: device present, mounted, noatime, filesystem
     UUID, space used, cache statistics. Exits 5 when anything has drifted."""
-    from .mapping import load, state_path
-    from .runner import Runner
-    from .status import host_status
+    from hotcache.provision.mapping import load, state_path
+    from hotcache.provision.system.runner import Runner
+    from hotcache.provision.engine.status import host_status
 
     path = state_path(state and str(state))
     if name is not None and name not in load(path)["caches"]:
-        from .errors import UsageError
+        from hotcache.provision.errors import UsageError
 
         raise UsageError(f"no cache named {name!r} in the mapping {path}",
                          hint="`hotcache status` without a name lists them all")
     rows = host_status(path, fstab, Runner(), name)
     drift = any(not r["ok"] for r in rows)
     if prometheus is not None:
-        from .metrics import write_textfile
+        from hotcache.provision.observe.metrics import write_textfile
 
         write_textfile(prometheus, rows, path)
     if as_json:
@@ -277,7 +277,7 @@ def teardown(
 ):
     """Unmount, flush dirty cache data, remove the boot entry, dismantle the cache, detach
     loop devices and forget it in the mapping. The data stays on the origin device."""
-    from .teardown import plan_teardown
+    from hotcache.provision.engine.teardown import plan_teardown
 
     need_root("teardown")
     env = make_env(state, fstab)
@@ -294,13 +294,15 @@ def teardown(
 @app.command()
 def schema():
     """Print the JSON Schema of the host spec (for editors and CI validation)."""
-    from .spec import json_schema
+    from hotcache.provision.engine.spec import json_schema
 
     emit(json_schema())
 
 
 # Commands that live in their own modules; each imports its heavy parts lazily.
-from . import cli_cache, cli_copies, cli_observe  # noqa: E402
+from hotcache.provision.cli import cache as cli_cache  # noqa: E402
+from hotcache.provision.cli import copies as cli_copies
+from hotcache.provision.cli import observe as cli_observe
 
 for _module in (cli_copies, cli_cache, cli_observe):
     _module.register(app)

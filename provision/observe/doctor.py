@@ -15,9 +15,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import fstab, mapping
-from .errors import HotcacheError
-from .runner import PACKAGES, Runner, which
+from hotcache.provision import mapping
+from hotcache.provision.system import fstab
+from hotcache.provision.errors import HotcacheError
+from hotcache.provision.system.runner import PACKAGES, Runner, which
 
 PROBLEM, WARNING, OK = "problem", "warning", "ok"
 # Programs every backend needs (mounting, loop images, identifying filesystems).
@@ -64,7 +65,7 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
     except HotcacheError as exc:
         return [Finding("mapping", PROBLEM, str(opts.state), exc.message,
                         exc.hint or f"fix or move away {opts.state}")]
-    from .status import cache_status
+    from hotcache.provision.engine.status import cache_status
 
     rows = {name: cache_status(name, entry, runner, opts.fstab) for name, entry in caches.items()}
     findings = [
@@ -88,7 +89,7 @@ def used_backends(caches: dict) -> set[str]:
 
 
 def check_kernel(caches: dict) -> list[Finding]:
-    from .discover import kernel_has
+    from hotcache.provision.observe.discover import kernel_has
 
     out = []
     used = used_backends(caches)
@@ -113,7 +114,7 @@ def check_kernel(caches: dict) -> list[Finding]:
 
 
 def check_programs(caches: dict) -> list[Finding]:
-    from .backends import get
+    from hotcache.provision.backends import get
 
     used = used_backends(caches) | {"none"}
     out = []
@@ -198,7 +199,7 @@ def restore_installed(unit_dir: Path, name: str) -> list[str]:
 def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
     """bcache tunables and raw dm-cache tables need `hotcache restore` at boot: apply
     installs hotcache-restore-NAME.service (provision/restore.py) and enables it."""
-    from .restore import unit_name
+    from hotcache.provision.engine.restore import unit_name
 
     out = []
     for name, entry in sorted(caches.items()):
@@ -255,7 +256,7 @@ def check_drift(rows: dict[str, dict]) -> list[Finding]:
 
 
 def check_space_and_copies(caches: dict, rows: dict[str, dict], opts: Options) -> list[Finding]:
-    from .metrics import hot_copies
+    from hotcache.provision.observe.metrics import hot_copies
 
     out = []
     now = time.time()

@@ -29,15 +29,17 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, fsops, manifest
-from .atomic import write_atomic
-from .errors import DriftError, HotcacheError, RefusedError, UsageError
-from .filecopy import CHUNK, Done, FileCopier, Limiter, default_jobs
-from .hotcopy_format import FORMAT, MANIFEST, METADATA, read_metadata
-from .mapping import now
-from .meter import NullMeter
-from .selection import Entry, select
-from .staging import Staging
+from hotcache.provision import __version__
+from hotcache.provision.system import fsops
+from hotcache.provision.hotcopy import manifest
+from hotcache.provision.system.atomic import write_atomic
+from hotcache.provision.errors import DriftError, HotcacheError, RefusedError, UsageError
+from hotcache.provision.hotcopy.filecopy import CHUNK, Done, FileCopier, Limiter, default_jobs
+from hotcache.provision.hotcopy.format import FORMAT, MANIFEST, METADATA, read_metadata
+from hotcache.provision.mapping import now
+from hotcache.provision.system.meter import NullMeter
+from hotcache.provision.hotcopy.selection import Entry, select
+from hotcache.provision.hotcopy.staging import Staging
 
 __all__ = ["CHUNK", "CopyOptions", "copy", "default_jobs"]
 
@@ -197,7 +199,7 @@ def check_space(dest: Path, need: int, margin: float) -> None:
     free = st.f_bavail * st.f_frsize
     want = int(need * (1 + margin))
     if free < want:
-        from .units import size
+        from hotcache.provision.system.sizes import size
 
         raise RefusedError(
             f"not enough space for the copy on the filesystem of {dest.parent}: it needs "
@@ -370,7 +372,7 @@ def _fail(exc: BaseException, staging: Staging, dest: Path, plan: Plan, checkpoi
     journaled so that the next run resumes."""
     if isinstance(exc, OSError) and exc.errno in fsops.NO_SPACE:
         staging.remove()
-        from .units import size
+        from hotcache.provision.system.sizes import size
 
         raise HotcacheError(
             f"the filesystem of {dest} filled up during the copy ({exc.strerror}); nothing "
@@ -392,7 +394,7 @@ def _read_back(staging: Staging, digests: dict[str, str], opts: CopyOptions,
     """--verify: make the copy durable, drop it from the page cache and hash it again from
     the device. Files that read back wrong are removed from the staging folder (and its
     journal) and nothing is published; the next run copies just those again."""
-    from .verify import hash_files
+    from hotcache.provision.hotcopy.verify import hash_files
 
     fsops.syncfs(staging.path)
     meter.start("read back", sum(os.path.getsize(staging.path / r) for r in digests))
@@ -460,7 +462,7 @@ def _publish(staging: Path, dest: Path) -> None:
 def _record(dest: Path, meta: dict, state: Path | None, meter: NullMeter) -> str | None:
     """Note the copy in the mapping. The copy is already published, so a mapping that
     cannot be written is a warning, not a failed copy."""
-    from .copies import record
+    from hotcache.provision.hotcopy.catalog import record
 
     try:
         return record(dest, meta, state)

@@ -8,7 +8,7 @@ import typer
 
 
 def register(app) -> None:
-    from .cli import FstabOpt, JsonOpt, StateOpt, YesOpt
+    from hotcache.provision.cli.commands import FstabOpt, JsonOpt, StateOpt, YesOpt
 
     @app.command()
     def restore(
@@ -22,8 +22,8 @@ def register(app) -> None:
         boot; running it on a healthy host changes nothing."""
         from pathlib import Path
 
-        from .cli import carry_out, make_env, need_root
-        from .restore import plan_restore
+        from hotcache.provision.cli.commands import carry_out, make_env, need_root
+        from hotcache.provision.engine.restore import plan_restore
 
         need_root("restore")
         env = make_env(state and Path(state), fstab and Path(fstab))

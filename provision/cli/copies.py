@@ -16,12 +16,12 @@ JobsOpt = typer.Option(0, "--jobs", "-j", min=0, show_default=False,
 
 
 def _meter(as_json: bool):
-    from .meter import for_terminal
+    from hotcache.provision.system.meter import for_terminal
     return for_terminal(quiet=as_json)
 
 
 def _out():
-    from .cli import console, emit
+    from hotcache.provision.cli.commands import console, emit
     return console(), emit
 
 
@@ -76,7 +76,7 @@ def copy(
 
     Example: hotcache copy /data/imagenet/val /mnt/hot/imagenet-val --fraction 0.1 --seed 1
     """
-    from .copier import CopyOptions, copy as do_copy, parse_rate
+    from hotcache.provision.hotcopy.copier import CopyOptions, copy as do_copy, parse_rate
 
     opts = CopyOptions(include=list(include), exclude=list(exclude), list_file=list_file,
                        fraction=fraction, seed=seed, name=name, version=version, jobs=jobs,
@@ -91,7 +91,7 @@ def copy(
     c, emit = _out()
     if as_json:
         return emit(result)
-    from .units import size
+    from hotcache.provision.system.sizes import size
 
     if not result["changed"]:
         return c.print(f"{dest}: up to date ({result['name']} version {result['version']}, "
@@ -114,8 +114,8 @@ def verify(
 ):
     """Check a hot copy against its manifest; print each mismatch by path. Exits 5 when
     anything differs, and records the result (verified_at, verify_ok) in the copy."""
-    from .errors import DriftError, ExitCode, UsageError
-    from .verify import verify as do_verify
+    from hotcache.provision.errors import DriftError, ExitCode, UsageError
+    from hotcache.provision.hotcopy.verify import verify as do_verify
 
     if sum([fast, sample is not None, full]) > 1:
         raise UsageError("give one of --fast, --sample N, --full")
@@ -152,7 +152,7 @@ def warm(
     are shown before and after, and PATH is read again until a pass's reads hit the cache
     (at most 0.5% of its bytes came from the origin device); dm-cache and lvmcache first
     re-read the files window by window, as their smq policy promotes gradually."""
-    from .warm import warm as do_warm
+    from hotcache.provision.observe.warm import warm as do_warm
 
     meter = _meter(as_json)
     try:
@@ -162,7 +162,7 @@ def warm(
     c, emit = _out()
     if as_json:
         return emit(report)
-    from .units import size
+    from hotcache.provision.system.sizes import size
 
     last = report["passes"][-1]
     c.print(f"warmed {path}: {report['files']} files, {size(report['bytes'])}, "
@@ -180,7 +180,7 @@ def copies(
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
 ):
     """List hot copies: name, version, path, files, bytes, last verified and state."""
-    from .copies import find
+    from hotcache.provision.hotcopy.catalog import find
 
     import os
 
@@ -192,7 +192,7 @@ def copies(
         return c.print("no hot copies found; `hotcache copy SRC DEST` makes one")
     from rich.table import Table
 
-    from .units import size
+    from hotcache.provision.system.sizes import size
 
     table = Table("name", "version", "path", "files", "bytes", "last verified", "state")
     for r in rows:

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from .errors import CommandFailed, MissingProgram
+from hotcache.provision.errors import CommandFailed, MissingProgram
 
 # Which Debian package provides each program we call, so a missing one can be named.
 PACKAGES = {

@@ -17,7 +17,7 @@ import re
 import sys
 from pathlib import Path
 
-from .atomic import write_atomic
+from hotcache.provision.system.atomic import write_atomic
 
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
 DEVICE_WAIT = 60.0     # seconds restore waits for a cache's devices to appear at boot
@@ -115,9 +115,9 @@ def remove_unit(p, cache: str) -> None:
 
 def recorded_spec(state_path: Path, names: list[str] | None = None):
     """The HostSpec made of the specs the mapping recorded (all caches, or `names`)."""
-    from . import mapping
-    from .errors import UsageError
-    from .spec import CacheSpec, HostSpec
+    from hotcache.provision import mapping
+    from hotcache.provision.errors import UsageError
+    from hotcache.provision.engine.spec import CacheSpec, HostSpec
 
     data = mapping.load(state_path)
     chosen = names or list(data["caches"])
@@ -137,7 +137,7 @@ def recorded_spec(state_path: Path, names: list[str] | None = None):
 
 def wait_for_devices(host) -> None:
     """At boot, disks (and udev's by-id links) can appear late: wait a bounded time."""
-    from .wait import wait_until
+    from hotcache.provision.system.waits import wait_until
 
     paths = [ref.path for c in host.caches for ref in c.devices().values() if ref.path]
 
@@ -148,7 +148,7 @@ def wait_for_devices(host) -> None:
 
 
 def plan_restore(env, names: list[str] | None = None):
-    from .engine import plan_apply
+    from hotcache.provision.engine.apply import plan_apply
 
     host = recorded_spec(env.state, names)
     wait_for_devices(host)

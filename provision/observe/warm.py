@@ -60,10 +60,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import units
-from .errors import HotcacheError, UsageError
-from .filecopy import CHUNK, default_jobs
-from .meter import NullMeter
+from hotcache.provision.system import sizes as units
+from hotcache.provision.errors import HotcacheError, UsageError
+from hotcache.provision.hotcopy.filecopy import CHUNK, default_jobs
+from hotcache.provision.system.meter import NullMeter
 
 SMQ = ("dm-cache", "lvmcache")   # smq promotes gradually: a sweep of windows first
 BLOCK_CACHES = ("bcache", *SMQ)
@@ -150,8 +150,8 @@ def slow_files(files: list[tuple[Path, int]], seconds: list[float]) -> list[tupl
 
 
 def backing(path: Path, state: Path | None) -> tuple[str, dict] | None:
-    from . import mapping
-    from .copies import backing_cache
+    from hotcache.provision import mapping
+    from hotcache.provision.hotcopy.catalog import backing_cache
 
     spath = mapping.state_path(state and str(state))
     try:
@@ -161,7 +161,7 @@ def backing(path: Path, state: Path | None) -> tuple[str, dict] | None:
 
 
 def backend_stats(entry: dict, runner) -> Callable[[], dict | None]:
-    from .backends import get
+    from hotcache.provision.backends import get
 
     backend = get(entry["backend"])
 
@@ -293,7 +293,7 @@ def origin_reads(path: Path, runner) -> Callable[[], int | None] | None:
     The origin's own counter says what the caches' statistics may not: bcache folds its
     counters in every few seconds, dm-cache counts bios, and neither counts the reads
     its promotions make."""
-    from .dmtable import parse_table
+    from hotcache.provision.backends.dmtable import parse_table
 
     dev = os.stat(path).st_dev
     majmin = f"{os.major(dev)}:{os.minor(dev)}"
@@ -402,7 +402,7 @@ def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None =
             cache, entry = found
             backend = entry.get("backend")
             if backend in BLOCK_CACHES:
-                from .runner import Runner
+                from hotcache.provision.system.runner import Runner
 
                 runner = runner or Runner()
                 stats = stats or backend_stats(entry, runner)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .atomic import write_atomic
-from .errors import UsageError
+from hotcache.provision.system.atomic import write_atomic
+from hotcache.provision.errors import UsageError
 
 _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import mapping
-from .hotcopy_format import METADATA, read_metadata, staging_dir, STAGING_SUFFIX
+from hotcache.provision import mapping
+from hotcache.provision.hotcopy.format import METADATA, read_metadata, staging_dir, STAGING_SUFFIX
 
 RECORDED = ("name", "version", "files", "bytes", "copied_at", "verified_at", "verify_ok")
 

@@ -3,12 +3,15 @@ flush and dismantle, optionally wipe, detach loop devices, forget it in the mapp
 
 from __future__ import annotations
 
-from . import blockdev, busy, fstab, mapping
-from .backends import get as get_backend
-from .engine import Env, Planner
-from .errors import RefusedError, UsageError
-from .plan import Plan
-from .status import current_node
+from hotcache.provision import mapping
+from hotcache.provision.block import blockdev
+from hotcache.provision.block import busy
+from hotcache.provision.system import fstab
+from hotcache.provision.backends import get as get_backend
+from hotcache.provision.engine.apply import Env, Planner
+from hotcache.provision.errors import RefusedError, UsageError
+from hotcache.provision.engine.plan import Plan
+from hotcache.provision.engine.status import current_node
 
 
 def plan_teardown(name: str, env: Env, *, wipe: bool = False) -> Plan:

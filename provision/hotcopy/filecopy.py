@@ -13,10 +13,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import fsops
-from .errors import HotcacheError
-from .meter import NullMeter
-from .selection import Entry
+from hotcache.provision.system import fsops
+from hotcache.provision.errors import HotcacheError
+from hotcache.provision.system.meter import NullMeter
+from hotcache.provision.hotcopy.selection import Entry
 
 CHUNK = 1 << 20
 LARGE = 64 << 20          # files this size and up are copied at most LARGE_STREAMS at a time

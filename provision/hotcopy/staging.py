@@ -11,9 +11,9 @@ import os
 import shutil
 from pathlib import Path
 
-from .atomic import write_atomic
-from .errors import RefusedError
-from .hotcopy_format import staging_dir
+from hotcache.provision.system.atomic import write_atomic
+from hotcache.provision.errors import RefusedError
+from hotcache.provision.hotcopy.format import staging_dir
 
 HEADER = ".hotcache-staging.json"   # which source this staging folder belongs to
 JOURNAL = ".hotcache-journal"       # one JSON line per finished file: rel, size, mtime, sha

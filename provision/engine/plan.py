@@ -12,7 +12,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .runner import Runner
+from hotcache.provision.system.runner import Runner
 
 
 @dataclass(frozen=True)

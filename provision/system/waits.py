@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Callable
 
-from .errors import WaitTimeout
+from hotcache.provision.errors import WaitTimeout
 
 
 def wait_until(what: str, done: Callable[[], "tuple[bool, str]"], *, timeout: float,

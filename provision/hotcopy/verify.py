@@ -17,13 +17,13 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import manifest
-from .atomic import write_atomic
-from .errors import HotcacheError, UsageError
-from .filecopy import CHUNK, default_jobs
-from .hotcopy_format import MANIFEST, METADATA, RESERVED, read_metadata
-from .mapping import now
-from .meter import NullMeter
+from hotcache.provision.hotcopy import manifest
+from hotcache.provision.system.atomic import write_atomic
+from hotcache.provision.errors import HotcacheError, UsageError
+from hotcache.provision.hotcopy.filecopy import CHUNK, default_jobs
+from hotcache.provision.hotcopy.format import MANIFEST, METADATA, RESERVED, read_metadata
+from hotcache.provision.mapping import now
+from hotcache.provision.system.meter import NullMeter
 
 
 def sha256_file(path: Path, meter: NullMeter, evict: bool = False) -> str:
@@ -121,7 +121,7 @@ def verify(dest: Path, mode: str = "fast", sample: int = 0, jobs: int = 0,
 
 def _record(dest: Path, meta: dict, report: dict, state: Path | None) -> bool:
     """Store the outcome in the metadata (and the mapping); a read-only copy is fine."""
-    from .copies import record
+    from hotcache.provision.hotcopy.catalog import record
 
     # The failed paths let the next `hotcache copy` replace those files even when their
     # size and mtime still look right (bit rot, a write that kept the mtime).

@@ -23,7 +23,8 @@ from pathlib import Path
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
-from . import hotcopy_format, mapping
+from hotcache.provision import mapping
+from hotcache.provision.hotcopy import format as hotcopy_format
 
 DEFAULT_TEXTFILE = "/var/lib/prometheus/node-exporter/hotcache.prom"
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
@@ -264,7 +265,7 @@ def write_textfile(path: str | os.PathLike, rows: list[dict], state: Path) -> No
 
 def timer_units(hotcache: str, textfile: str, interval: str, environment: dict[str, str]) -> dict[str, str]:
     """The service and timer that refresh the metrics file, by file name."""
-    from .errors import UsageError
+    from hotcache.provision.errors import UsageError
 
     for what, value in (("hotcache program", hotcache), ("metrics file", textfile),
                         *environment.items()):
@@ -307,7 +308,7 @@ def install_timer(unit_dir: Path, units: dict[str, str] | None, runner, *,
     """Write (or with units=None remove) the units; with systemd running and the real unit
     folder, also reload systemd and enable (or disable) the timer. Idempotent: reports
     `changed` only when a file was written or removed. check=True changes nothing."""
-    from .atomic import write_atomic
+    from hotcache.provision.system.atomic import write_atomic
 
     names = [f"{UNIT}.service", f"{UNIT}.timer"]
     changed: list[str] = []

@@ -16,12 +16,14 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import blockdev, fstab, mapping
-from .backends import get as get_backend
-from .errors import KernelUnsupported, RefusedError
-from .plan import Plan, Ref, RunContext, Step
-from .runner import Runner, require
-from .spec import MIN_XFS_BYTES, CacheSpec, DeviceRef, HostSpec
+from hotcache.provision import mapping
+from hotcache.provision.block import blockdev
+from hotcache.provision.system import fstab
+from hotcache.provision.backends import get as get_backend
+from hotcache.provision.errors import KernelUnsupported, RefusedError
+from hotcache.provision.engine.plan import Plan, Ref, RunContext, Step
+from hotcache.provision.system.runner import Runner, require
+from hotcache.provision.engine.spec import MIN_XFS_BYTES, CacheSpec, DeviceRef, HostSpec
 
 FSTYPE = "xfs"
 
@@ -173,7 +175,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
     backend = get_backend(spec.backend)
     why = backend.unavailable()
     if why:
-        from .discover import backend_report
+        from hotcache.provision.observe.discover import backend_report
 
         usable = [r["backend"] for r in backend_report() if r["available"]]
         raise KernelUnsupported(f"{spec.name}: backend {spec.backend} cannot run here: {why}",

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import blockdev
-from .runner import Runner, which
+from hotcache.provision.block import blockdev
+from hotcache.provision.system.runner import Runner, which
 
 SKIP_PREFIXES = ("ram", "zram", "sr", "fd")
 
@@ -75,7 +75,7 @@ def _module_available(module: str) -> bool:
 
 
 def backend_report() -> list[dict]:
-    from .backends import get
+    from hotcache.provision.backends import get
 
     rows = []
     for name in ("none", "bcache", "dm-cache", "lvmcache"):
@@ -83,7 +83,7 @@ def backend_report() -> list[dict]:
         missing = [p for p in backend.programs if which(p) is None]
         why = backend.unavailable()
         if missing:
-            from .runner import PACKAGES
+            from hotcache.provision.system.runner import PACKAGES
 
             pkgs = sorted({PACKAGES.get(p, p) for p in missing})
             why = (why + "; " if why else "") + f"missing programs {', '.join(missing)} " \

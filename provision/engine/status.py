@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 
-from . import blockdev, fstab, mapping
-from .backends import get as get_backend
-from .errors import HotcacheError
-from .runner import Runner
+from hotcache.provision import mapping
+from hotcache.provision.block import blockdev
+from hotcache.provision.system import fstab
+from hotcache.provision.backends import get as get_backend
+from hotcache.provision.errors import HotcacheError
+from hotcache.provision.system.runner import Runner
 
 
 def current_node(entry: dict, role: str = "origin") -> str | None:

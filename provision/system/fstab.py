@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .atomic import locked, write_atomic
+from hotcache.provision.system.atomic import locked, write_atomic
 
 DEFAULT_FSTAB = "/etc/fstab"
 

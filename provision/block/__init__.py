@@ -1,0 +1,1 @@
+"""Probes of block devices: what is on them, who uses them."""

@@ -1,0 +1,1 @@
+"""spec -> plan -> apply, restore, teardown and status: the provisioning engine."""

@@ -1,0 +1,1 @@
+"""Hot copies: the on-disk format, selection, staging, the file copy, publishing, verification and the catalog of copies."""

@@ -1,0 +1,1 @@
+"""Looking at the host: doctor, metrics, warm, device discovery."""
