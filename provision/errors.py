@@ -127,3 +127,18 @@ class CacheLockedError(HotcacheError):
     """A tf.data cache directory is locked by a running job, or by one we cannot identify."""
 
     exit_code = ExitCode.REFUSED
+
+
+class ProbeFailed(CommandFailed):
+    """A read-only probe (blkid, wipefs, lsblk, dmsetup, lvs) failed or printed what
+    hotcache cannot parse. Never read as "blank" or "absent": that is how data is lost."""
+
+    def __init__(self, argv: list[str], returncode: int, stderr: str, why: str | None = None):
+        super().__init__(argv, returncode, stderr)
+        from shlex import join
+
+        detail = why or (self.stderr.splitlines()[-1] if self.stderr else "(no output)")
+        HotcacheError.__init__(
+            self, f"probe `{join(self.argv)}` failed (exit {returncode}): {detail}; hotcache "
+                  "does not touch a device it cannot read",
+            hint="run that command by hand to see why, fix it, and retry")

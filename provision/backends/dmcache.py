@@ -12,6 +12,7 @@ import dataclasses
 import re
 
 from hotcache.provision.backends.dmtable import CacheTable, cache_stats, parse_status, parse_table
+from hotcache.provision.block import probe
 from hotcache.provision.errors import CommandFailed, HotcacheError
 from hotcache.provision.engine.plan import Ref
 from hotcache.provision.system.runner import Runner
@@ -34,8 +35,11 @@ def dm_names(cache: str) -> dict[str, str]:
 
 
 def live_table(name: str, runner: Runner) -> str | None:
-    res = runner.query(["dmsetup", "table", name], check=False)
-    return res.stdout.strip() if res.returncode == 0 and res.stdout.strip() else None
+    """The loaded table of dm device `name`; None only when dmsetup says it does not
+    exist (any other failure raises: probes fail closed)."""
+    res = probe.run(runner, ["dmsetup", "table", name], absent_rc=(1,),
+                    absent_stderr=("does not exist",))
+    return res.stdout.strip() or None if res is not None else None
 
 
 def metadata_sectors(runner: Runner, ssd_sectors: int, block: int) -> int:

@@ -12,10 +12,11 @@ on the PVs, so after a boot only the activation is missing, which `hotcache rest
 
 from __future__ import annotations
 
-import json
 import os
 
 from hotcache.provision.backends.dmtable import cache_stats, parse_status
+from hotcache.provision.block import probe
+from hotcache.provision.errors import ProbeFailed
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend
@@ -40,12 +41,23 @@ def lvm(command: str, *args) -> list:
     return [*argv, *args]
 
 
+# What lvm2 says (exit 5) when the VG, LV or PV asked about is not there: only these
+# read as "absent"; any other failure is an error (probes fail closed).
+LVM_ABSENT = ("not found", "Failed to find")
+
+
 def report(runner: Runner, what: str, fields: str, *targets: str) -> list[dict]:
-    res = runner.query(lvm(what, "--reportformat", "json", "-o", fields, *targets),
-                       check=False)
-    if res.returncode != 0 or not res.stdout.strip():
+    res = probe.run(runner, lvm(what, "--reportformat", "json", "-o", fields, *targets),
+                    absent_rc=(5,), absent_stderr=LVM_ABSENT)
+    if res is None:
         return []
-    return json.loads(res.stdout)["report"][0].get(what[:-1], [])   # lvs -> "lv"
+    try:
+        rows = probe.json_doc(res)["report"][0].get(what[:-1], [])   # lvs -> "lv"
+    except (KeyError, IndexError, TypeError, AttributeError):
+        rows = None
+    if not isinstance(rows, list):
+        raise ProbeFailed(res.argv, 0, res.stderr, why="its JSON is not an lvm2 report")
+    return rows
 
 
 def lv_info(runner: Runner, vg: str, lv: str) -> dict | None:

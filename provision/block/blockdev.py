@@ -6,12 +6,13 @@ sysfs and /proc first (no subprocess for what the kernel already tells), `blkid`
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hotcache.provision.block import probe
+from hotcache.provision.errors import ProbeFailed
 from hotcache.provision.system.runner import Runner
 
 SYS_BLOCK = Path("/sys/class/block")
@@ -123,21 +124,36 @@ def by_id_links(node: str) -> list[str]:
 
 
 def signatures(node: str, runner: Runner) -> list[dict]:
-    """Every signature `wipefs` sees: filesystems, RAID, LVM, bcache, partition tables."""
-    res = runner.query(["wipefs", "--no-act", "--json", node], check=False)
-    if res.returncode != 0 or not res.stdout.strip():
+    """Every signature `wipefs` sees: filesystems, RAID, LVM, bcache, partition tables.
+    wipefs prints nothing (older) or an empty list for a blank device; any failure, or
+    output that is not its JSON, raises ProbeFailed."""
+    res = probe.run(runner, ["wipefs", "--no-act", "--json", node])
+    if not res.stdout.strip():
         return []
-    return json.loads(res.stdout).get("signatures", [])
+    sigs = probe.json_doc(res).get("signatures")
+    if not isinstance(sigs, list):
+        raise ProbeFailed(res.argv, 0, res.stderr, why="its JSON has no `signatures` list")
+    return sigs
 
 
 def fs_identity(node: str, runner: Runner) -> dict:
-    """TYPE, UUID, LABEL as blkid reads them from the device itself (no cache)."""
-    res = runner.query(["blkid", "--probe", "--output", "export", node], check=False)
+    """TYPE, UUID, LABEL as blkid reads them from the device itself (no cache). blkid
+    exits 2 for "nothing found" and, silently, for a device it could not open: only a
+    quiet exit 2 on a device we can open reads as blank."""
+    argv = ["blkid", "--probe", "--output", "export", node]
+    res = probe.run(runner, argv, absent_rc=(2,))
+    if res is None:
+        if probe.readable(node):
+            return {}
+        raise ProbeFailed(argv, 2, "", why=f"it found nothing and {node} cannot be opened")
     info = {}
     for line in res.stdout.splitlines():
         key, sep, value = line.partition("=")
-        if sep:
-            info[key] = value
+        if not line.strip():
+            continue
+        if not sep:
+            raise ProbeFailed(argv, 0, res.stderr, why=f"unexpected output line {line!r}")
+        info[key] = value
     return info
 
 
@@ -173,6 +189,7 @@ class DeviceReport:
     holders: list[str] = field(default_factory=list)
     loop_file: str | None = None
     holds_root: bool = False
+    unreadable: str | None = None     # why its signatures could not be probed
 
     @property
     def kind(self) -> str:
@@ -181,6 +198,8 @@ class DeviceReport:
     def problems(self) -> list[str]:
         """Why this device is not safe to use as it is (empty: safe)."""
         out = []
+        if self.unreadable:
+            out.append(f"its signatures cannot be read ({self.unreadable})")
         if self.holds_root:
             out.append("it holds the root filesystem")
         if self.mountpoints:
@@ -197,8 +216,18 @@ class DeviceReport:
                 "problems": self.problems()}
 
 
-def report(node: str, runner: Runner, *, roots: set[str] | None = None) -> DeviceReport:
+def report(node: str, runner: Runner, *, roots: set[str] | None = None,
+           strict: bool = True) -> DeviceReport:
+    """The device as it is. A failed signature probe raises (strict: planning) or is
+    noted in `unreadable`, which makes the device unsafe (listing devices)."""
     roots = root_devices() if roots is None else roots
+    unreadable = None
+    try:
+        sigs = signatures(node, runner)
+    except ProbeFailed as exc:
+        if strict:
+            raise
+        sigs, unreadable = [], exc.message
     name = kname(node)
     base = sysfs(node)
 
@@ -212,7 +241,7 @@ def report(node: str, runner: Runner, *, roots: set[str] | None = None) -> Devic
     return DeviceReport(
         node=f"/dev/{name}", size=size_bytes(node), rotational=rotational(node),
         model=attr("device/model"), serial=attr("device/serial", "serial"),
-        by_id=by_id_links(node), signatures=signatures(node, runner),
+        by_id=by_id_links(node), signatures=sigs, unreadable=unreadable,
         mountpoints=mountpoints_of(node), holders=holders(node),
         loop_file=loop_backing_file(node), holds_root=name in roots,
     )

@@ -28,7 +28,7 @@ def discover(include_empty_loops: bool = False) -> list[dict]:
         if name.startswith("loop") and not blockdev.loop_backing_file(node) and not include_empty_loops:
             continue
         try:
-            rep = blockdev.report(node, runner, roots=roots)
+            rep = blockdev.report(node, runner, roots=roots, strict=False)
         except (OSError, ValueError):
             continue
         rep.model = dev.properties.get("ID_MODEL") or rep.model
