@@ -94,7 +94,7 @@ def show_plan(plan, title: str) -> None:
         if step.argv:
             c.print(f"       [cyan]{step.shown()}[/]", soft_wrap=True)
     for note in plan.notes:
-        c.print(f"[yellow]note[/]: {note}")
+        c.print(f"[yellow]note[/]: {note}", soft_wrap=True)
     if plan.empty:
         c.print(f"{title}: no changes")
 
@@ -273,15 +273,22 @@ def teardown(
     name: str = typer.Argument(..., help="The cache to take down."),
     yes: bool = YesOpt,
     wipe: bool = typer.Option(False, "--wipe", help="Also erase signatures on its devices."),
+    remove_images: bool = typer.Option(False, "--remove-images",
+                                       help="Delete the image files of a loop-backed cache "
+                                            "(and the data on them) once detached."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
 ):
     """Unmount, flush dirty cache data, remove the boot entry, dismantle the cache, detach
-    loop devices and forget it in the mapping. The data stays on the origin device."""
+    loop devices and forget it in the mapping. The data stays on the origin device.
+
+    A loop-backed cache's image files are kept (the plan says so) and stay known as
+    hotcache's, so applying the same spec again mounts them again; --remove-images
+    deletes them."""
     from hotcache.provision.engine.teardown import plan_teardown
 
     need_root("teardown")
     env = make_env(state, fstab)
-    result = plan_teardown(name, env, wipe=wipe)
+    result = plan_teardown(name, env, wipe=wipe, remove_images=remove_images)
     if not as_json:
         show_plan(result, "teardown")
     confirm(f"take {name} down ({len(result.steps)} steps)", yes)

@@ -21,6 +21,7 @@ from hotcache.provision.block import blockdev
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
 from hotcache.provision.errors import KernelUnsupported, RefusedError
+from hotcache.provision.engine import images
 from hotcache.provision.engine.plan import Plan, Ref, RunContext, Step
 from hotcache.provision.system.runner import Runner, require
 from hotcache.provision.engine.spec import MIN_XFS_BYTES, CacheSpec, DeviceRef, HostSpec
@@ -157,7 +158,8 @@ def plan_apply(spec: HostSpec, env: Env) -> Plan:
                             f"changing to {cache.backend} needs `hotcache teardown "
                             f"{cache.name}` first")
             continue
-        _plan_cache(p, cache, entry)
+        # An image kept by a teardown is still hotcache's: its filesystem is mounted again.
+        _plan_cache(p, cache, entry or images.adoptable_entry(state, cache))
         refusals += p.refusals
         if not p.changed and not p.refusals:
             plan.unchanged.append(cache.name)
@@ -307,6 +309,7 @@ def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
     if ctx.runner.dry_run:
         return
     devices = {}
+    loop_files = []
     for role, dev in devs.items():
         node = ctx.resolve(dev.node) if isinstance(dev.node, Ref) else dev.node
         info = {"node": node, "size": dev.size}
@@ -314,6 +317,7 @@ def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
             info["path"] = dev.ref.path
         if dev.ref.loop:
             info["loop_file"] = os.path.realpath(dev.ref.loop.file)
+            loop_files.append(info["loop_file"])
         if os.path.exists(node):
             info["size"] = blockdev.size_bytes(node)
             info["by_id"] = blockdev.by_id_links(node)
@@ -322,6 +326,8 @@ def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
     if target is not None:
         cached = ctx.resolve(target) if isinstance(target, Ref) else target
     with mapping.editing(env.state) as data:
+        for image in loop_files:
+            images.forget(data, image)          # in a cache again: no longer just kept
         old = data["caches"].get(spec.name, {})
         data["caches"][spec.name] = {
             "backend": spec.backend,

@@ -3,18 +3,22 @@ flush and dismantle, optionally wipe, detach loop devices, forget it in the mapp
 
 from __future__ import annotations
 
+import os
+
 from hotcache.provision import mapping
 from hotcache.provision.block import blockdev
 from hotcache.provision.block import busy
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
+from hotcache.provision.engine import images
 from hotcache.provision.engine.apply import Env, Planner
 from hotcache.provision.errors import RefusedError, UsageError
 from hotcache.provision.engine.plan import Plan
 from hotcache.provision.engine.status import current_node
 
 
-def plan_teardown(name: str, env: Env, *, wipe: bool = False) -> Plan:
+def plan_teardown(name: str, env: Env, *, wipe: bool = False,
+                  remove_images: bool = False) -> Plan:
     data = mapping.load(env.state)
     entry = data["caches"].get(name)
     if entry is None:
@@ -39,22 +43,44 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False) -> Plan:
             p.do(f"remove the entry of {name} from {path}",
                  lambda ctx: fstab.set_entry(path, name, None))
     get_backend(entry["backend"]).dismantle(p, entry)
+    kept = []
     for role, info in entry.get("devices", {}).items():
         node = current_node(entry, role)
-        if node is None:
-            continue
-        if wipe:
+        image = info.get("loop_file")
+        if node is not None and wipe:
             p.run(f"erase signatures on the {role} device {node} (--wipe)",
                   ["wipefs", "--all", node], destructive=True)
-        if info.get("loop_file"):
-            p.run(f"detach loop device {node} (image {info['loop_file']} is kept)",
-                  ["losetup", "--detach", node])
+        if node is not None and image:
+            p.run(f"detach loop device {node} (image {image})", ["losetup", "--detach", node])
+        if image and remove_images and os.path.exists(image):
+            p.run(f"delete the image file {image} (--remove-images)", ["rm", "--", image],
+                  destructive=True)
+        elif image and os.path.exists(image):
+            kept.append((role, image))
+    for role, image in kept:
+        plan.notes.append(_kept_note(name, entry, image, wiped=wipe))
 
     def forget(ctx):
         if ctx.runner.dry_run:
             return
         with mapping.editing(env.state) as state:
             state["caches"].pop(name, None)
+            for role, image in kept:
+                images.record(state, image, name, entry, role)
 
     p.do(f"remove {name} from the mapping {env.state}", forget)
     return plan
+
+
+def _kept_note(name: str, entry: dict, image: str, *, wiped: bool) -> str:
+    """What happens to a loop image that teardown keeps, and how to be rid of it."""
+    if wiped:
+        what = "kept, its signatures erased (--wipe)"
+    elif entry.get("backend") == "none":
+        what = ("kept with its filesystem and data; an apply naming it again mounts it "
+                "again")
+    else:
+        what = (f"kept with the {entry.get('backend')} metadata and data on it; to build a "
+                "cache on it again, give it `wipe: true` in the spec (its data is lost)")
+    return (f"image {image} is {what}. `rm {image}` deletes it; `--remove-images` "
+            "deletes a cache's images as part of the teardown")

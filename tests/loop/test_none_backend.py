@@ -3,6 +3,7 @@ host's own tools (findmnt, blkid, losetup)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -69,16 +70,55 @@ def test_apply_status_reapply_teardown(sandbox):
     assert (sandbox / "hot.img").exists(), "teardown keeps the image (the data)"
 
 
-def test_reapply_after_teardown_refuses_the_old_filesystem(sandbox):
-    """After teardown the image still holds data; hotcache no longer owns it."""
+def test_reapply_after_teardown_mounts_the_kept_image_again(sandbox):
+    """Teardown keeps the image and says so; it stays hotcache's, so the same spec
+    applied again mounts the same filesystem with its data (no mkfs, no refusal)."""
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    hotcache("apply", spec, "--yes", check=True)
+    mp = sandbox / "mnt" / "hot"
+    (mp / "data.bin").write_bytes(b"kept" * 1024)
+    down = hotcache("teardown", "hot", "--yes", check=True).stdout
+    assert f"image {sandbox}/hot.img is kept with its filesystem and data" in down
+    assert "--remove-images" in down
+    kept = mapping.load(Path(os.environ["HOTCACHE_STATE"]))["kept_images"]
+    assert kept[str(sandbox / "hot.img")]["cache"] == "hot"
+
+    plan = hotcache("plan", spec, check=True).stdout
+    assert "mkfs.xfs" not in plan and "wipefs" not in plan
+    hotcache("apply", spec, "--yes", check=True)
+    assert (mp / "data.bin").read_bytes() == b"kept" * 1024
+    state = mapping.load(Path(os.environ["HOTCACHE_STATE"]))
+    assert state["caches"]["hot"]["state"] == "ready" and "kept_images" not in state
+
+
+def test_a_kept_image_reformatted_by_someone_else_is_refused(sandbox):
+    """The kept record names the filesystem hotcache made; another one on the same
+    image (mkfs by hand after the teardown) is foreign again, and left untouched."""
     spec = sandbox / "spec.yaml"
     spec.write_text(loop_spec(sandbox))
     hotcache("apply", spec, "--yes", check=True)
     hotcache("teardown", "hot", "--yes", check=True)
+    img = sandbox / "hot.img"
+    subprocess.run(["mkfs.xfs", "-q", "-f", img], check=True)
+    before = hashlib.sha256(img.read_bytes()).hexdigest()
     proc = hotcache("apply", spec, "--yes")
     assert proc.returncode == 3
     assert "carries signatures (xfs)" in proc.stderr and "wipe: true" in proc.stderr
+    assert hashlib.sha256(img.read_bytes()).hexdigest() == before
     assert loops_under(sandbox) == [] and mounts_under(sandbox) == []
+
+
+def test_teardown_remove_images_deletes_the_image(sandbox):
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    hotcache("apply", spec, "--yes", check=True)
+    out = hotcache("teardown", "hot", "--yes", "--remove-images", check=True).stdout
+    assert f"delete the image file {sandbox}/hot.img" in out
+    assert not (sandbox / "hot.img").exists()
+    assert loops_under(sandbox) == [] and mounts_under(sandbox) == []
+    assert "kept_images" not in mapping.load(Path(os.environ["HOTCACHE_STATE"]))
+    hotcache("apply", spec, "--yes", check=True)        # and a fresh build works
 
 
 def test_wipe_true_is_the_consent_to_erase(sandbox):
