@@ -14,17 +14,19 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))      # tests.unit.adapters_helpers writes hot copies by hand
 
 
-def make_dataset_on_disk(root: Path, images: int, size: int = 256, classes: int = 4) -> Path:
+def make_dataset_on_disk(root: Path, images: int, size: int = 256, classes: int = 4,
+                         width: int | None = None) -> Path:
     """`images` JPEGs of noisy gradients (they compress and decode like photos do,
-    roughly), spread over `classes` class folders."""
+    roughly), `width`×`size` pixels (square by default), spread over `classes` folders."""
     from PIL import Image
 
+    width = width or size
     rng = np.random.default_rng(0)
-    ramp = np.linspace(0, 200, size, dtype=np.float32)
+    ramp = np.linspace(0, 200, width, dtype=np.float32)
     for i in range(images):
         folder = root / f"class{i % classes}"
         folder.mkdir(parents=True, exist_ok=True)
-        pixels = ramp[None, :, None] + rng.normal(0, 25, (size, size, 3))
+        pixels = ramp[None, :, None] + rng.normal(0, 25, (size, width, 3))
         Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(folder / f"{i:05d}.jpg", quality=90)
     return root
 
