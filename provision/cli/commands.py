@@ -226,6 +226,11 @@ def status(
         None, "--prometheus", metavar="FILE",
         help="Also write the metrics to FILE for node_exporter's textfile collector "
              "(atomically), e.g. /var/lib/prometheus/node-exporter/hotcache.prom."),
+    node_labels: Optional[Path] = typer.Option(
+        None, "--node-labels", metavar="FILE",
+        help="Also write a node-feature-discovery feature file (atomically) labelling "
+             "this node with its caches and verified hot copies, e.g. /etc/kubernetes/"
+             "node-feature-discovery/features.d/hotcache. See `hotcache kube --help`."),
 ):
     """Compare the mapping with the host: device present, mounted, noatime, filesystem
     UUID, space used, cache statistics. Exits 5 when anything has drifted."""
@@ -245,6 +250,10 @@ def status(
         from hotcache.provision.observe.metrics import write_textfile
 
         write_textfile(prometheus, rows, path)
+    if node_labels is not None:
+        from hotcache.provision.observe.nodelabels import write as write_labels
+
+        write_labels(node_labels, rows, path)
     if as_json:
         emit({"state": str(path), "caches": rows, "ok": not drift})
     else:
@@ -309,9 +318,10 @@ def schema():
 # Commands that live in their own modules; each imports its heavy parts lazily.
 from hotcache.provision.cli import cache as cli_cache  # noqa: E402
 from hotcache.provision.cli import copies as cli_copies
+from hotcache.provision.cli import kube as cli_kube
 from hotcache.provision.cli import observe as cli_observe
 
-for _module in (cli_copies, cli_cache, cli_observe):
+for _module in (cli_copies, cli_cache, cli_observe, cli_kube):
     _module.register(app)
 
 

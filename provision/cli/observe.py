@@ -67,6 +67,10 @@ def register(app) -> None:
         textfile: Path = typer.Option(None, "--textfile", metavar="FILE",
                                       help="Metrics file [default: /var/lib/prometheus/"
                                            "node-exporter/hotcache.prom]."),
+        node_labels: Optional[Path] = typer.Option(
+            None, "--node-labels", metavar="FILE",
+            help="Also refresh this node-feature-discovery feature file, e.g. /etc/kubernetes/"
+                 "node-feature-discovery/features.d/hotcache (node labels for Kubernetes)."),
         interval: str = typer.Option("1min", "--interval",
                                      help="How often to refresh (systemd time span)."),
         unit_dir: Optional[Path] = UnitDirOpt,
@@ -77,8 +81,8 @@ def register(app) -> None:
     ):
         """Install a systemd service and timer that run `hotcache status --prometheus FILE`
         every --interval, for node_exporter's textfile collector
-        (--collector.textfile.directory). The current --state and --fstab go into the
-        service. Idempotent; --json reports {"changed": ...}."""
+        (--collector.textfile.directory), and with --node-labels the node labels that
+        Kubernetes schedules on. The current --state and --fstab go into the service. Idempotent; --json reports {"changed": ...}."""
         import sys
 
         from hotcache.provision.cli.commands import emit
@@ -97,7 +101,8 @@ def register(app) -> None:
                    (("HOTCACHE_STATE", state), ("HOTCACHE_FSTAB", fstab)) if v}
             units = timer_units(str(program if program.exists() else "hotcache"),
                                 str(Path(textfile or DEFAULT_TEXTFILE).absolute()),
-                                interval, env)
+                                interval, env,
+                                str(node_labels.absolute()) if node_labels else None)
         doc = install_timer(Path(unit_dir or DEFAULT_UNIT_DIR), units, Runner(), check=check)
         if as_json:
             return emit(doc)

@@ -263,11 +263,14 @@ def write_textfile(path: str | os.PathLike, rows: list[dict], state: Path) -> No
 
 # --- the systemd timer -----------------------------------------------------------------
 
-def timer_units(hotcache: str, textfile: str, interval: str, environment: dict[str, str]) -> dict[str, str]:
-    """The service and timer that refresh the metrics file, by file name."""
+def timer_units(hotcache: str, textfile: str, interval: str, environment: dict[str, str],
+                node_labels: str | None = None) -> dict[str, str]:
+    """The service and timer that refresh the metrics file (and, with `node_labels`, the
+    node-feature-discovery feature file), by file name."""
     from hotcache.provision.errors import UsageError
 
     for what, value in (("hotcache program", hotcache), ("metrics file", textfile),
+                        *((("node labels file", node_labels),) if node_labels else ()),
                         *environment.items()):
         if not value or any(c.isspace() or c in "\"'\\%$" for c in value):
             raise UsageError(f"{what} {value!r} cannot go into a systemd unit as it is",
@@ -283,7 +286,8 @@ def timer_units(hotcache: str, textfile: str, interval: str, environment: dict[s
         "[Service]\n"
         "Type=oneshot\n"
         f"{env}"
-        f"ExecStart={hotcache} status --prometheus {textfile}\n"
+        f"ExecStart={hotcache} status --prometheus {textfile}"
+        f"{f' --node-labels {node_labels}' if node_labels else ''}\n"
         "# status exits 5 when a cache has drifted: the file is still written, and the\n"
         "# alert rules report the drift.\n"
         "SuccessExitStatus=5\n"

@@ -1,0 +1,173 @@
+"""Kubernetes manifests from the mapping: the verified hot copies of this node as local
+PersistentVolumes, and a training Job that can only land where its dataset is hot.
+
+What `hotcache kube manifests` prints (YAML documents that `kubectl apply -f -` takes):
+- a StorageClass with `kubernetes.io/no-provisioner` and `WaitForFirstConsumer`, so a
+  claim binds only once its pod is scheduled, to a volume on that pod's node;
+- one local PersistentVolume per verified hot copy, with a *required* nodeAffinity to
+  this node (`kubernetes.io/hostname`), labelled with the dataset and version;
+- per dataset version, a PersistentVolumeClaim selecting those labels and an example Job
+  that requires the node label `hotcache kube labels` publishes for that copy (required,
+  not preferred: a preferred affinity is dropped silently under pressure), mounts the
+  claim read-only at /data with HostToContainer (rslave) propagation, sets DATA_ROOT and
+  DATA_ROOT_EXPECT=hot so the job refuses to read anything but the hot copy, runs as a
+  non-root uid, and gives DataLoader workers shared memory (an emptyDir in memory).
+
+The node name defaults to the host name in lower case, which is what kubelet registers
+unless it was started with --hostname-override.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import socket
+
+from hotcache.provision.errors import UsageError
+from hotcache.provision.observe import nodelabels
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "hotcache"}
+DATASET_KEY = "hotcache.io/dataset"
+VERSION_KEY = "hotcache.io/version"
+HOSTNAME_KEY = "kubernetes.io/hostname"
+DATA_MOUNT = "/data"
+DEFAULT_IMAGE = "hotcache-train:latest"
+DEFAULT_STORAGE_CLASS = "hotcache-local"
+SMOKE_COMMAND = ["python", "-m", "hotcache.adapters.dataroot"]
+
+
+def default_node() -> str:
+    return socket.gethostname().lower()
+
+
+def dns_name(*parts: str, limit: int = 63) -> str:
+    """A DNS-1123 name (lower case, digits, `-`) from `parts`; hashed when cut short."""
+    raw = "-".join(str(p) for p in parts)
+    name = re.sub(r"[^a-z0-9-]+", "-", raw.lower()).strip("-")
+    if len(name) > limit or name != raw.lower():
+        tail = nodelabels.slug(raw, limit=9)[-8:].lower()
+        name = f"{name[: limit - 9].strip('-')}-{tail}"
+    return name
+
+
+def quantity(nbytes) -> str:
+    """A storage quantity for `nbytes`, rounded up to MiB (at least 1Mi)."""
+    return f"{max(1, math.ceil((nbytes or 0) / (1 << 20)))}Mi"
+
+
+def storage_class(name: str) -> dict:
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": {"name": name, "labels": dict(MANAGED_BY)},
+            "provisioner": "kubernetes.io/no-provisioner",
+            "volumeBindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Retain"}
+
+
+def _selector(copy: dict) -> dict:
+    return {DATASET_KEY: nodelabels.value(copy["name"]) or "none",
+            VERSION_KEY: nodelabels.value(str(copy["version"])) or "none"}
+
+
+def volume(copy: dict, node: str, sc: str) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": dns_name("hotcache", node, copy["name"], str(copy["version"])),
+                     "labels": {**MANAGED_BY, **_selector(copy),
+                                "hotcache.io/cache": nodelabels.value(copy["cache"])},
+                     "annotations": {"hotcache.io/path": copy["path"],
+                                     "hotcache.io/node-label":
+                                         nodelabels.copy_label(copy["name"], copy["version"])}},
+        "spec": {
+            "capacity": {"storage": quantity(copy["bytes"])},
+            "volumeMode": "Filesystem",
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": sc,
+            "local": {"path": copy["path"]},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": HOSTNAME_KEY, "operator": "In", "values": [node]}]}]}},
+        },
+    }
+
+
+def claim(copy: dict, namespace: str, sc: str) -> dict:
+    return {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": dns_name(copy["name"], str(copy["version"])),
+                     "namespace": namespace, "labels": dict(MANAGED_BY)},
+        "spec": {"storageClassName": sc, "accessModes": ["ReadWriteOnce"],
+                 "resources": {"requests": {"storage": quantity(copy["bytes"])}},
+                 "selector": {"matchLabels": _selector(copy)}},
+    }
+
+
+def job(copy: dict, namespace: str, image: str, uid: int, gid: int, shm: str) -> dict:
+    label = nodelabels.copy_label(copy["name"], copy["version"])
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": dns_name("train", copy["name"], str(copy["version"])),
+                     "namespace": namespace, "labels": dict(MANAGED_BY)},
+        "spec": {"backoffLimit": 0, "template": {
+            "metadata": {"labels": {**MANAGED_BY, DATASET_KEY: _selector(copy)[DATASET_KEY]}},
+            "spec": {
+                "restartPolicy": "Never",
+                "securityContext": {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": gid},
+                "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [
+                        {"key": label, "operator": "In", "values": [nodelabels.VERIFIED]}]}]}}},
+                "containers": [{
+                    "name": "train", "image": image,
+                    # Replace with the training command; this one logs the data_root line
+                    # (hot=yes ...) and fails unless /data is a verified hot copy.
+                    "command": list(SMOKE_COMMAND),
+                    "env": [{"name": "DATA_ROOT", "value": DATA_MOUNT},
+                            {"name": "DATA_ROOT_EXPECT", "value": "hot"}],
+                    "securityContext": {"allowPrivilegeEscalation": False,
+                                        "capabilities": {"drop": ["ALL"]}},
+                    "volumeMounts": [
+                        {"name": "data", "mountPath": DATA_MOUNT, "readOnly": True,
+                         "mountPropagation": "HostToContainer"},
+                        {"name": "dshm", "mountPath": "/dev/shm"}],
+                }],
+                "volumes": [
+                    {"name": "data", "persistentVolumeClaim": {
+                        "claimName": dns_name(copy["name"], str(copy["version"])),
+                        "readOnly": True}},
+                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}],
+            }}},
+    }
+
+
+def manifests(rows: list[dict], caches: dict, *, node: str | None = None,
+              dataset: str | None = None, namespace: str = "default",
+              image: str = DEFAULT_IMAGE, uid: int = 1000, gid: int = 1000,
+              shm: str = "8Gi", sc: str = DEFAULT_STORAGE_CLASS) -> list[dict]:
+    """Every object, in the order kubectl should create them."""
+    if uid <= 0 or gid < 0:
+        raise UsageError(f"--uid {uid} / --gid {gid}: the job must run as a non-root user",
+                         hint="give the training user's uid (>0) and gid, e.g. --uid 1000")
+    if not re.fullmatch(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?", shm):
+        raise UsageError(f"--shm-size {shm!r} is not a Kubernetes quantity",
+                         hint="write it like 8Gi or 512Mi")
+    node = node or default_node()
+    copies = nodelabels.verified_copies(rows, caches)
+    if dataset is not None:
+        copies = [c for c in copies if c["name"] == dataset]
+        if not copies:
+            raise UsageError(f"no verified hot copy of dataset {dataset!r} on this host",
+                             hint="`hotcache copies` lists them; `hotcache verify DEST` "
+                                  "verifies one")
+    docs = [storage_class(sc)]
+    docs += [volume(c, node, sc) for c in copies]
+    versions = {}
+    for c in copies:
+        versions.setdefault((c["name"], str(c["version"])), c)
+    for c in versions.values():
+        docs += [claim(c, namespace, sc), job(c, namespace, image, uid, gid, shm)]
+    return docs
+
+
+def to_yaml(docs: list[dict]) -> str:
+    import yaml
+
+    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False,
+                              explicit_start=True)

@@ -1,0 +1,136 @@
+"""Node labels from the mapping: a node-feature-discovery local feature file.
+
+nfd-worker reads every file in `features.d/` (one `<namespace>/<name>[=<value>]` a line,
+`#` comments) and turns the lines into node labels, so the scheduler can send a job that
+needs a dataset to a node that already holds a verified hot copy of it. hotcache writes
+one file there, `hotcache`, from the same timer run that writes the metrics:
+
+    # +expiry-time=2027-01-15T00:10:00Z
+    hotcache.feature.node.kubernetes.io/ds-imagenet_v3=verified
+    hotcache.feature.node.kubernetes.io/cache-fast=bcache
+    hotcache.feature.node.kubernetes.io/cache-fast.mode=writethrough
+
+Only copies that are present, complete and whose last verification passed get a label;
+one that fails verification or is deleted is simply not written at the next refresh, so
+nfd-worker drops its label at its next discovery. The expiry line makes nfd-worker ignore
+the whole file when the timer stops refreshing it (a dead host keeps no stale promise).
+The file is written atomically: a temp file whose name starts with a dot (nfd-worker
+ignores dot files) renamed over the old one.
+
+Names follow Kubernetes' label rules (a DNS-subdomain prefix; a name part of at most 63
+characters, alphanumerics, `-`, `_`, `.`, starting and ending alphanumeric; values the
+same or empty). `feature.node.kubernetes.io` and its sub-namespaces are the one namespace
+nfd-master accepts without extra flags.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import re
+from pathlib import Path
+
+from hotcache.provision import mapping
+from hotcache.provision.observe.metrics import hot_copies
+
+PREFIX = "hotcache.feature.node.kubernetes.io"
+DEFAULT_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
+DEFAULT_FILE = f"{DEFAULT_FEATURES_DIR}/hotcache"
+DEFAULT_EXPIRY_SECONDS = 600
+VERIFIED = "verified"
+MAX_NAME = 63
+MAX_FILE = 64 * 1024          # nfd-worker ignores a larger feature file
+
+_PLAIN = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?")
+_DOTTED = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+
+
+def slug(text: str, dots: bool = False, limit: int = 40) -> str:
+    """`text` as part of a label name: itself when it already fits (alphanumerics and `-`,
+    plus `.` when `dots`), else a cleaned form with a short hash of the original, so two
+    different names never share a label."""
+    text = str(text)
+    pattern = _DOTTED if dots else _PLAIN
+    if pattern.fullmatch(text) and len(text) <= limit:
+        return text
+    allowed = r"[^A-Za-z0-9.-]" if dots else r"[^A-Za-z0-9-]"
+    clean = re.sub(allowed, "-", text).strip("-.")[: limit - 9].strip("-.")
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{clean}-{digest}" if clean else digest
+
+
+def value(text: str) -> str:
+    """A label value: at most 63 characters, alphanumerics and `-_.`, alphanumeric ends."""
+    text = re.sub(r"[^A-Za-z0-9_.-]", "-", str(text))[:MAX_NAME]
+    return text.strip("-_.")
+
+
+def copy_label(name: str, version) -> str:
+    """The label of a verified hot copy of dataset `name` at `version`: the name part is
+    `ds-<name>_<version>` (`_` appears in neither slug, so it splits them unambiguously)."""
+    return f"{PREFIX}/ds-{slug(name)}_{slug(str(version if version is not None else 'none'), dots=True, limit=18)}"
+
+
+def cache_label(cache: str) -> str:
+    return f"{PREFIX}/cache-{slug(cache, limit=50)}"
+
+
+def _up(row: dict) -> bool:
+    return bool(row.get("mounted")) and row.get("state") == "ready"
+
+
+def verified_copies(rows: list[dict], caches: dict) -> list[dict]:
+    """The hot copies on caches that are up which are present, complete, and whose last
+    verification passed (each with its `cache` and `backend`). `rows` are `hotcache
+    status` rows, `caches` the mapping's entries."""
+    out = []
+    for row in filter(_up, rows):
+        for copy in hot_copies(caches.get(row["name"]) or {}, True):
+            if copy["present"] and copy["verify_ok"] is True and copy["verified_at"]:
+                out.append({**copy, "cache": row["name"], "backend": row.get("backend")})
+    return out
+
+
+def labels(rows: list[dict], caches: dict) -> dict[str, str]:
+    """{label: value} for the caches that are up and the verified hot copies on them."""
+    out: dict[str, str] = {}
+    for row in filter(_up, rows):
+        key = cache_label(row["name"])
+        out[key] = value(row.get("backend") or "none")
+        mode = (row.get("cache") or {}).get("mode") or row.get("mode")
+        if mode:
+            out[f"{key}.mode"] = value(mode)
+    for copy in verified_copies(rows, caches):
+        out[copy_label(copy["name"], copy["version"])] = VERIFIED
+    return out
+
+
+def feature_file(found: dict[str, str], now: dt.datetime | None = None,
+                 expiry_seconds: int = DEFAULT_EXPIRY_SECONDS) -> str:
+    now = now or dt.datetime.now(dt.timezone.utc)
+    expires = (now + dt.timedelta(seconds=expiry_seconds)).astimezone(dt.timezone.utc)
+    lines = [
+        "# Written by hotcache (`hotcache status --node-labels`) from its mapping:",
+        "# caches that are up, and hot copies whose last verification passed.",
+        "# Do not edit: the next refresh replaces it. nfd-worker ignores it once expired.",
+        f"# +expiry-time={expires.strftime('%Y-%m-%dT%H:%M:%SZ')}",
+    ]
+    lines += [f"{k}={v}" for k, v in sorted(found.items())]
+    text = "\n".join(lines) + "\n"
+    if len(text.encode()) > MAX_FILE:
+        from hotcache.provision.errors import HotcacheError
+
+        raise HotcacheError(f"the node feature file would be {len(text.encode())} bytes; "
+                            f"nfd-worker ignores files over {MAX_FILE}",
+                            hint="fewer hot copies per host, or label fewer datasets")
+    return text
+
+
+def write(path: str | Path, rows: list[dict], state: Path,
+          expiry_seconds: int = DEFAULT_EXPIRY_SECONDS) -> dict[str, str]:
+    """Write the feature file atomically; returns the labels written."""
+    from hotcache.provision.system.atomic import write_atomic
+
+    found = labels(rows, mapping.load(state)["caches"])
+    write_atomic(path, feature_file(found, expiry_seconds=expiry_seconds))
+    return found

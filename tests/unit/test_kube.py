@@ -1,0 +1,165 @@
+"""Node labels (NFD feature file) and Kubernetes manifests from the mapping, built from
+real hot-copy folders and status rows, checked with NFD's documented rules and the
+OpenAPI schemas of a pinned Kubernetes release. The same checks on a mapping built on
+loop devices are in tests/loop/test_kube_loop.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+
+import pytest
+import yaml
+
+from hotcache.provision.errors import UsageError
+from hotcache.provision.hotcopy import format as hotcopy_format
+from hotcache.provision.observe import kube, metrics, nodelabels
+from tests import kubecheck
+from tests.helpers import hotcache
+from tests.unit.test_metrics import make_copy, row, write_state
+
+NOW = dt.datetime(2027, 1, 15, 12, 0, tzinfo=dt.timezone.utc)
+
+
+@pytest.fixture
+def host(tmp_path):
+    mp = tmp_path / "mnt"
+    make_copy(mp / "imagenet", name="imagenet")
+    make_copy(mp / "coco", name="coco 2017/val", verify_ok=False)       # failed verification
+    make_copy(mp / "never", name="never", verified_at=None, verify_ok=None)
+    state = write_state(tmp_path / "m.yaml", {"fast": {"filesystem": {"mountpoint": str(mp)}}})
+    rows = [row("fast", mp=str(mp), stats={"mode": "writethrough"})]
+    return mp, state, rows
+
+
+def feature_labels(rows, state) -> dict:
+    text = nodelabels.feature_file(nodelabels.labels(rows, yaml.safe_load(state.read_text())["caches"]),
+                                   now=NOW)
+    return kubecheck.parse_feature_file(text, NOW)
+
+
+def test_feature_file_follows_nfd_rules_and_labels_only_verified_copies(host):
+    mp, state, rows = host
+    got = feature_labels(rows, state)
+    p = nodelabels.PREFIX
+    assert got == {f"{p}/cache-fast": "bcache", f"{p}/cache-fast.mode": "writethrough",
+                   f"{p}/ds-imagenet_v1": "verified"}
+
+
+def test_labels_follow_the_copies(host):
+    mp, state, rows = host
+    key = f"{nodelabels.PREFIX}/ds-imagenet_v1"
+    assert key in feature_labels(rows, state)
+    # the copy fails verification: gone at the next refresh
+    meta = json.loads((mp / "imagenet" / hotcopy_format.METADATA).read_text())
+    (mp / "imagenet" / hotcopy_format.METADATA).write_text(json.dumps({**meta, "verify_ok": False}))
+    assert key not in feature_labels(rows, state)
+    # verified again, then removed
+    (mp / "imagenet" / hotcopy_format.METADATA).write_text(json.dumps(meta))
+    assert key in feature_labels(rows, state)
+    shutil.rmtree(mp / "imagenet")
+    assert key not in feature_labels(rows, state)
+    # a cache that is not mounted labels nothing, not even itself
+    make_copy(mp / "imagenet")
+    assert feature_labels([row("fast", mp=str(mp), mounted=False)], state) == {}
+
+
+def test_expiry_line_drops_every_label_once_passed(host):
+    mp, state, rows = host
+    text = nodelabels.feature_file(nodelabels.labels(rows, yaml.safe_load(state.read_text())["caches"]),
+                                   now=NOW, expiry_seconds=600)
+    assert kubecheck.expiry_of(text) == NOW + dt.timedelta(seconds=600)
+    assert kubecheck.parse_feature_file(text, NOW + dt.timedelta(seconds=599))
+    assert kubecheck.parse_feature_file(text, NOW + dt.timedelta(seconds=601)) == {}
+
+
+def test_names_that_break_label_rules_are_made_valid_and_distinct():
+    keys = {nodelabels.copy_label(n, v) for n, v in [
+        ("coco 2017/val", "v1"), ("coco-2017-val", "v1"), ("a" * 90, "v1"), ("a" * 91, "v1"),
+        ("x", "2027-01-15T00:00:00+00:00"), ("x", None), ("Ünïcode", "1.0")]}
+    assert len(keys) == 7
+    for k in keys:
+        kubecheck.check_label_key(k)
+    kubecheck.check_label_key(nodelabels.cache_label("my cache/" + "z" * 80) + ".mode")
+    for v in ("writeback", "a b:c" * 20, "-x-"):
+        kubecheck.check_label_value("k", nodelabels.value(v))
+
+
+def test_write_replaces_the_file_atomically(host, tmp_path):
+    mp, state, rows = host
+    target = tmp_path / "features.d" / "hotcache"
+    nodelabels.write(target, rows, state)
+    first = target.read_text()
+    shutil.rmtree(mp / "imagenet")
+    nodelabels.write(target, rows, state)
+    assert "ds-imagenet_v1" in first and "ds-imagenet_v1" not in target.read_text()
+    # nothing but the file: the temp file (a dot file, which NFD ignores) was renamed
+    assert [p.name for p in target.parent.iterdir()] == ["hotcache"]
+
+
+def test_manifests_validate_and_send_the_job_where_the_label_is(host):
+    mp, state, rows = host
+    caches = yaml.safe_load(state.read_text())["caches"]
+    docs = kubecheck.validate_manifests(kube.to_yaml(
+        kube.manifests(rows, caches, node="gpu-7", uid=1234, gid=1234)))
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["StorageClass", "PersistentVolume", "PersistentVolumeClaim", "Job"]
+    sc, pv, pvc, job = docs
+    assert sc["provisioner"] == "kubernetes.io/no-provisioner"
+    assert sc["volumeBindingMode"] == "WaitForFirstConsumer"
+    assert pv["spec"]["local"]["path"] == str(mp / "imagenet")
+    assert kubecheck.required_node_terms(pv) == [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["gpu-7"]}]
+    assert pv["spec"]["storageClassName"] == pvc["spec"]["storageClassName"] == sc["metadata"]["name"]
+    assert pvc["spec"]["selector"]["matchLabels"].items() <= pv["metadata"]["labels"].items()
+    # the job's required affinity is satisfied by this node's feature file, and by no
+    # node without the copy
+    labels = feature_labels(rows, state)
+    terms = kubecheck.required_node_terms(job)
+    assert kubecheck.node_matches(labels, terms)
+    assert not kubecheck.node_matches({k: v for k, v in labels.items() if "ds-" not in k}, terms)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 1234
+    (c,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env == {"DATA_ROOT": "/data", "DATA_ROOT_EXPECT": "hot"}
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/data"]["readOnly"] and mounts["/data"]["mountPropagation"] == "HostToContainer"
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols[mounts["/dev/shm"]["name"]]["emptyDir"]["medium"] == "Memory"
+    assert vols[mounts["/data"]["name"]]["persistentVolumeClaim"] == {
+        "claimName": pvc["metadata"]["name"], "readOnly": True}
+
+
+def test_manifests_refuse_root_and_unknown_datasets(host):
+    mp, state, rows = host
+    caches = yaml.safe_load(state.read_text())["caches"]
+    with pytest.raises(UsageError, match="non-root"):
+        kube.manifests(rows, caches, uid=0)
+    with pytest.raises(UsageError, match="no verified hot copy of dataset 'coco"):
+        kube.manifests(rows, caches, dataset="coco 2017/val")
+    with pytest.raises(UsageError, match="quantity"):
+        kube.manifests(rows, caches, shm="lots")
+
+
+def test_cli_manifests_json_is_a_list_kubectl_takes(host, tmp_path):
+    mp, state, _ = host
+    # through the real command: status reads the (fake) mapping, which is not mounted,
+    # so nothing but the StorageClass comes out, with a note saying why
+    proc = hotcache("kube", "manifests", "--json", "--state", state)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["kind"] == "List" and [d["kind"] for d in doc["items"]] == ["StorageClass"]
+    kubecheck.validate_manifests(yaml.safe_dump(doc["items"][0]))
+    assert "no verified hot copy" in proc.stderr
+    bad = hotcache("kube", "manifests", "--uid", "0", "--state", state)
+    assert bad.returncode == 2 and "non-root" in bad.stderr and not bad.stdout
+
+
+def test_timer_refreshes_the_labels_too():
+    units = metrics.timer_units("/opt/hotcache", "/t/h.prom", "1min", {}, "/etc/nfd/features.d/hotcache")
+    assert ("ExecStart=/opt/hotcache status --prometheus /t/h.prom --node-labels "
+            "/etc/nfd/features.d/hotcache\n") in units["hotcache-metrics.service"]
+    with pytest.raises(UsageError):
+        metrics.timer_units("/opt/hotcache", "/t/h.prom", "1min", {}, "/a b")
