@@ -1,13 +1,18 @@
 """Which filesystem and block device hold a path, and whether a block cache is behind it.
 
-Read from /proc/self/mountinfo and sysfs only, so it works unprivileged inside a training
-container: no subprocess, no pyudev. The device-mapper table (which would name the
+Read from /proc/self/mountinfo, sysfs and two read-only ioctls on the path itself
+(FS_IOC_GETFSUUID, FS_IOC_GETFSLABEL: the identity of the filesystem the kernel really
+serves there), so it works unprivileged inside a training container, where the data is a
+bind mount whose mountinfo `root` is a folder inside the filesystem (`/imagenet`), not
+`/`: no subprocess, no pyudev. When /sys is not visible the cache is "unknown", never a
+guess. The device-mapper table (which would name the
 target type) needs root to read, so dm devices are classified from what sysfs shows to
 everyone: `dm/uuid` ("LVM-" prefix for LVM volumes), `dm/name` and `slaves/`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -16,6 +21,11 @@ from hotcache.provision.block.blockdev import unescape_mountinfo
 
 SYS_DEV_BLOCK = Path("/sys/dev/block")
 MOUNTINFO = Path("/proc/self/mountinfo")
+UNKNOWN = "unknown"
+# <linux/fs.h>: _IOR(0x15, 0, struct fsuuid2 {u8 len; u8 uuid[16]}), Linux >= 6.5, and
+# _IOR(0x94, 49, char[FSLABEL_MAX=256]).
+FS_IOC_GETFSUUID = 0x80111500
+FS_IOC_GETFSLABEL = 0x81009431
 
 
 @dataclass(frozen=True)
@@ -28,13 +38,17 @@ class Backing:
     cache: str = "none"            # bcache | lvmcache | dm-cache | none
     detail: str | None = None      # how the cache was recognised, or the loop's backing file
     rotational: bool | None = None
+    mount_root: str | None = None  # the folder of the filesystem mounted there ("/" unless a bind)
+    fs_uuid: str | None = None     # the filesystem's UUID, from the kernel
+    fs_label: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def mount_of(path: Path) -> tuple[str, str, str, str] | None:
-    """(mountpoint, fstype, source, major:minor) of the mount holding `path`."""
+def mount_of(path: Path) -> tuple[str, str, str, str, str] | None:
+    """(mountpoint, fstype, source, major:minor, root) of the mount holding `path`; root
+    is mountinfo's 4th field, the folder of the filesystem that a bind mount shows."""
     best = None
     target = str(path)
     for line in MOUNTINFO.read_text().splitlines():
@@ -44,7 +58,8 @@ def mount_of(path: Path) -> tuple[str, str, str, str] | None:
         inside = target == mnt or target.startswith(mnt.rstrip("/") + "/")
         if inside and (best is None or len(mnt) >= len(best[0])):
             fstype, source = (right.split() + ["", ""])[:2]
-            best = (mnt, fstype, unescape_mountinfo(source), parts[2])
+            best = (mnt, fstype, unescape_mountinfo(source), parts[2],
+                    unescape_mountinfo(parts[3]))
     return best
 
 
@@ -55,10 +70,45 @@ def _read(path: Path) -> str | None:
         return None
 
 
+def fs_identity(path: Path) -> tuple[str | None, str | None]:
+    """(UUID, label) of the filesystem serving `path`, as the kernel holds them (None
+    where the filesystem or kernel does not say)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None, None
+    try:
+        uuid = label = None
+        buf = bytearray(17)
+        try:
+            fcntl.ioctl(fd, FS_IOC_GETFSUUID, buf)
+            raw = bytes(buf[1:1 + min(buf[0], 16)])
+            if raw.strip(b"\0"):
+                h = raw.hex()
+                uuid = f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}" if len(raw) == 16 else h
+        except OSError:
+            pass
+        buf = bytearray(256)
+        try:
+            fcntl.ioctl(fd, FS_IOC_GETFSLABEL, buf)
+            label = bytes(buf).split(b"\0", 1)[0].decode(errors="replace") or None
+        except OSError:
+            pass
+        return uuid, label
+    finally:
+        os.close(fd)
+
+
 def classify(devnum: str) -> tuple[str | None, str, str | None, bool | None]:
     """(kernel name, cache kind, detail, rotational) for a block device major:minor."""
+    if not SYS_DEV_BLOCK.is_dir():
+        # /sys is not visible (a container without it): nothing to read, so no verdict.
+        return None, UNKNOWN, "/sys/dev/block is not visible here", None
     sys_dir = SYS_DEV_BLOCK / devnum
     if not sys_dir.exists():
+        if devnum.split(":")[0] not in ("0", ""):
+            # A real block device that sysfs no longer lists: it was removed on the host.
+            return None, UNKNOWN, f"block device {devnum} is gone from /sys", None
         return None, "none", None, None     # tmpfs, overlay, 9p, btrfs' anonymous devices
     real = sys_dir.resolve()
     name = real.name
@@ -92,7 +142,7 @@ def backing_of(path: Path) -> Backing:
     found = mount_of(path)
     if found is None:
         return Backing()
-    mnt, fstype, source, devnum = found
+    mnt, fstype, source, devnum, root = found
     try:
         st_dev = os.stat(path).st_dev
         # Prefer the file's own device number: it is right even under bind mounts.
@@ -100,4 +150,6 @@ def backing_of(path: Path) -> Backing:
     except OSError:
         pass
     device, cache, detail, rotational = classify(devnum)
-    return Backing(mnt, fstype, source, devnum, device, cache, detail, rotational)
+    uuid, label = fs_identity(path)
+    return Backing(mnt, fstype, source, devnum, device, cache, detail, rotational, root,
+                   uuid, label)

@@ -6,6 +6,17 @@ log line that says which of the two a training job really read.
 
 The line is logged once per call on the `hotcache.adapters` logger, as `key=value` text,
 or as one JSON object when `json_log=True` or HOTCACHE_LOG_JSON=1.
+
+In a container the data is a bind mount of a folder of the host's cache filesystem. What
+the container sees can go stale: bind mounts default to `rprivate`, so after the host
+rebuilds the cache the container still holds the old filesystem (moby#17034). When the
+host's mapping is visible (HOTCACHE_STATE, or /etc/hotcache mounted read-only), the
+filesystem the kernel serves at the path (its UUID and label) is compared with the one
+the mapping now records for that cache: `view=stale` plus a warning when they differ,
+`view=unknown` when there is nothing to compare with.
+
+    python -m hotcache.adapters      # log the line; exit 1 unless DATA_ROOT is what
+                                     # DATA_ROOT_EXPECT asks (a job's first command)
 """
 
 from __future__ import annotations
@@ -19,13 +30,26 @@ from pathlib import Path
 from hotcache.provision.errors import DataRootError
 from hotcache.provision.hotcopy.format import STAGING_SUFFIX, read_metadata, staging_dir
 
-from .blockinfo import Backing, backing_of
+from .blockinfo import SYS_DEV_BLOCK, Backing, backing_of
 
 log = logging.getLogger("hotcache.adapters")
 
 ENV = "DATA_ROOT"
 ENV_EXPECT = "DATA_ROOT_EXPECT"
 ENV_JSON = "HOTCACHE_LOG_JSON"
+ENV_STATE = "HOTCACHE_STATE"
+DEFAULT_STATE = "/etc/hotcache/mappings.yaml"
+
+
+@dataclass(frozen=True)
+class View:
+    """Whether the filesystem seen at the path is the one the host's mapping now records:
+    fresh, stale (with why) or unknown (with why not)."""
+
+    state: str = "unknown"
+    reason: str | None = None
+    cache: str | None = None         # the mapping's cache holding the filesystem
+    backend: str | None = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +79,7 @@ class DataRoot:
     copy: HotCopy
     backing: Backing
     rank: dict = field(default_factory=dict)
+    view: View = field(default_factory=View)
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -68,7 +93,9 @@ class DataRoot:
                 "fs": self.backing.fstype, "mountpoint": self.backing.mountpoint,
                 "device": self.backing.device, "devnum": self.backing.devnum,
                 "cache": self.backing.cache, "device_detail": self.backing.detail,
-                "rotational": self.backing.rotational, **self.rank}
+                "rotational": self.backing.rotational, "mount_root": self.backing.mount_root,
+                "fs_uuid": self.backing.fs_uuid, "view": self.view.state,
+                "view_reason": self.view.reason, "mapped_cache": self.view.cache, **self.rank}
 
     def log_line(self) -> str:
         c, b = self.copy, self.backing
@@ -77,6 +104,9 @@ class DataRoot:
         if c.state != "cold":
             parts += [f"name={c.name}", f"version={c.version}", f"verified_at={c.verified_at}"]
         parts += [f"fs={b.fstype}", f"device={b.device or b.source}", f"cache={b.cache}"]
+        if b.mount_root not in (None, "/"):
+            parts.append(f"mount_root={b.mount_root}")
+        parts.append(f"view={self.view.state}")
         parts += [f"{k.lower()}={v}" for k, v in self.rank.items()]
         return " ".join(parts)
 
@@ -122,11 +152,61 @@ def _resolve(default: str | os.PathLike | None) -> tuple[Path, str]:
     return path, source
 
 
+def _mapping() -> tuple[dict | None, str]:
+    """The host's mapping, if this process can see it: (caches or None, path or why not)."""
+    path = os.environ.get(ENV_STATE) or DEFAULT_STATE
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        return None, (f"the host's mapping {path} is not visible here ({exc.strerror}); mount "
+                      f"/etc/hotcache read-only (or set {ENV_STATE}) to check for a stale view")
+    import yaml   # only here: the adapters import no YAML parser up front
+
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        return None, f"the host's mapping {path} is not valid YAML"
+    caches = data.get("caches") if isinstance(data, dict) else None
+    return (caches, path) if isinstance(caches, dict) else (None, f"{path} is not a hotcache mapping")
+
+
+def check_view(b: Backing) -> View:
+    """Compare the filesystem the kernel serves here with what the host's mapping records
+    now (see the module doc)."""
+    major = (b.devnum or "0:0").split(":")[0]
+    if major != "0" and SYS_DEV_BLOCK.is_dir() and not (SYS_DEV_BLOCK / b.devnum).exists():
+        return View("stale", f"the block device {b.devnum} under {b.mountpoint} no longer "
+                             "exists on the host: this mount outlived the cache it showed; "
+                             "restart the container")
+    caches, where = _mapping()
+    if caches is None:
+        return View("unknown", where)
+    if not b.fs_uuid:
+        return View("unknown", f"the kernel does not report the UUID of the {b.fstype} "
+                               f"filesystem at {b.mountpoint}")
+    fs_of = {name: (e.get("filesystem") or {}) for name, e in caches.items() if isinstance(e, dict)}
+    for name, fs in fs_of.items():
+        if str(fs.get("uuid") or "").lower() == b.fs_uuid:
+            return View("fresh", None, name, caches[name].get("backend"))
+    for name, fs in fs_of.items():
+        if b.fs_label and fs.get("label") == b.fs_label:
+            return View("stale", f"{b.mountpoint} shows filesystem {b.fs_uuid} (label "
+                                 f"{b.fs_label}), but the host's mapping {where} now has cache "
+                                 f"{name} on filesystem {fs.get('uuid')}: the host rebuilt it "
+                                 "after this mount was made. Restart the container; bind the "
+                                 "folder above the cache mount with bind-propagation=rslave "
+                                 "so that remounts reach it", name, caches[name].get("backend"))
+    return View("unknown", f"filesystem {b.fs_uuid} at {b.mountpoint} is not one the host's "
+                           f"mapping {where} records")
+
+
 def describe(path: str | os.PathLike, source: str = "argument") -> DataRoot:
-    """What `path` is (hot copy or not, filesystem, device, cache), without logging."""
+    """What `path` is (hot copy or not, filesystem, device, cache, whether the view is
+    stale), without logging."""
     path = Path(path).resolve()
     rank = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if os.environ.get(k)}
-    return DataRoot(path, source, hot_copy_at(path), backing_of(path), rank)
+    backing = backing_of(path)
+    return DataRoot(path, source, hot_copy_at(path), backing, rank, check_view(backing))
 
 
 def data_root(default: str | os.PathLike | None = None, expect: str | None = None, *,
@@ -144,6 +224,8 @@ def data_root(default: str | os.PathLike | None = None, expect: str | None = Non
     if json_log is None:
         json_log = os.environ.get(ENV_JSON, "") not in ("", "0")
     (logger or log).info(json.dumps(root.to_dict(), sort_keys=True) if json_log else root.log_line())
+    if root.view.state == "stale":
+        (logger or log).warning(f"data_root STALE: {root.view.reason}")
     if expect == "hot" and not root.copy.is_hot:
         why = {"cold": "is not a hot copy (no complete hotcache metadata in it or above it)",
                "staging": f"is a half-written hot copy (staging folder {root.copy.root})",
@@ -151,3 +233,17 @@ def data_root(default: str | os.PathLike | None = None, expect: str | None = Non
         raise DataRootError(f"{ENV} {path} {why[root.copy.state]}, and a hot copy was expected",
                             hint="run `hotcache copy` / `hotcache verify`, or unset DATA_ROOT_EXPECT")
     return root
+
+
+def main() -> int:
+    """`python -m hotcache.adapters`: log the line to stdout; exit 1 with the
+    reason when DATA_ROOT is missing or not what DATA_ROOT_EXPECT asks."""
+    import sys
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    try:
+        data_root()
+    except DataRootError as err:
+        sys.stderr.write(f"data_root: {err}\n")
+        return 1
+    return 0

@@ -33,7 +33,7 @@ HOSTNAME_KEY = "kubernetes.io/hostname"
 DATA_MOUNT = "/data"
 DEFAULT_IMAGE = "hotcache-train:latest"
 DEFAULT_STORAGE_CLASS = "hotcache-local"
-SMOKE_COMMAND = ["python", "-m", "hotcache.adapters.dataroot"]
+SMOKE_COMMAND = ["python", "-m", "hotcache.adapters"]
 
 
 def default_node() -> str:

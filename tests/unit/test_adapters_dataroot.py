@@ -167,7 +167,12 @@ def test_cache_kind_from_sysfs_layout(tmp_path, monkeypatch):
     assert blockinfo.classify("253:0")[1] == "lvmcache"
     assert blockinfo.classify("253:4")[1] == "dm-cache"
     assert blockinfo.classify("253:5")[1] == "none"
-    assert blockinfo.classify("9:9")[1] == "none"
+    assert blockinfo.classify("0:45")[1] == "none"       # tmpfs, overlay: no block device
+    # a block device sysfs no longer lists was removed on the host: no verdict, and why
+    assert blockinfo.classify("9:9")[1:3] == ("unknown", "block device 9:9 is gone from /sys")
+    # /sys not visible at all (a container without it): unknown, never a guess
+    monkeypatch.setattr(blockinfo, "SYS_DEV_BLOCK", tmp_path / "nosys" / "dev" / "block")
+    assert blockinfo.classify("252:0")[1] == "unknown"
 
 
 def test_import_pulls_in_no_framework_and_no_cli_library():

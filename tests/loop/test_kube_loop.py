@@ -1,0 +1,169 @@
+"""Kubernetes and containers against a real host: a cache built by `hotcache apply` on a
+loop device with XFS, real hot copies, the real CLI.
+
+- The node labels (NFD feature file) appear when a verified copy is made, and go when it
+  fails verification and when it is removed; the manifests generated from that mapping
+  validate against Kubernetes' schemas and send the Job to this node.
+- A container's view: `data_root()` run in a new mount namespace (`unshare --mount`) in
+  which the hot copy is bind-mounted read-only at /data and the host's mount is gone, as
+  Docker, Podman and kubelet set it up. It reports the copy, the filesystem and the cache
+  behind it; after the host rebuilt the cache it warns that the view is stale; with /sys
+  hidden it says the cache is unknown.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hotcache.provision.hotcopy import format as hotcopy_format
+from hotcache.provision.observe import nodelabels
+from tests import kubecheck
+from tests.helpers import hotcache, loop_spec, write_spec
+from tests.unit.test_copy import make_dataset
+
+pytestmark = pytest.mark.root
+
+
+def build(sandbox: Path, image: str = "hot") -> Path:
+    """The cache `hot` (backend none, XFS on a loop image) mounted at sandbox/mnt/hot."""
+    spec = loop_spec(sandbox, "hot", "320M").replace(f"{sandbox}/hot.img", f"{sandbox}/{image}.img")
+    hotcache("apply", write_spec(sandbox / f"{image}.yaml", spec), "--yes", check=True)
+    return sandbox / "mnt" / "hot"
+
+
+def labels_now(sandbox: Path) -> dict[str, str]:
+    target = sandbox / "features.d" / "hotcache"
+    proc = hotcache("status", "--prometheus", sandbox / "hotcache.prom", "--node-labels", target)
+    assert proc.returncode == 0, proc.stderr
+    return kubecheck.parse_feature_file(target.read_text(), dt.datetime.now(dt.timezone.utc))
+
+
+def test_labels_and_manifests_follow_real_hot_copies(sandbox):
+    mp = build(sandbox)
+    key = f"{nodelabels.PREFIX}/ds-toy_3"
+    assert labels_now(sandbox) == {f"{nodelabels.PREFIX}/cache-hot": "none",
+                                   f"{nodelabels.PREFIX}/cache-hot.mode": "none"}
+    src = make_dataset(sandbox / "src")
+    hotcache("copy", src, mp / "toy", "--name", "toy", "--version", "3", "--verify", check=True)
+    assert labels_now(sandbox)[key] == "verified"
+
+    proc = hotcache("kube", "manifests", "--node", "gpu-node-1", "--uid", "1500")
+    assert proc.returncode == 0, proc.stderr
+    docs = kubecheck.validate_manifests(proc.stdout)
+    (pv,) = [d for d in docs if d["kind"] == "PersistentVolume"]
+    (job,) = [d for d in docs if d["kind"] == "Job"]
+    assert pv["spec"]["local"]["path"] == str(mp / "toy")
+    assert kubecheck.required_node_terms(pv) == [
+        {"key": "kubernetes.io/hostname", "operator": "In", "values": ["gpu-node-1"]}]
+    assert kubecheck.node_matches(labels_now(sandbox), kubecheck.required_node_terms(job))
+
+    # a file goes bad: verify fails (exit 5) and the label is gone at the next refresh
+    victim = next((mp / "toy" / "cat").iterdir())
+    victim.write_bytes(b"rotten" + victim.read_bytes()[6:])
+    assert hotcache("verify", mp / "toy", "--full").returncode == 5
+    assert key not in labels_now(sandbox)
+    assert not kubecheck.node_matches(labels_now(sandbox), kubecheck.required_node_terms(job))
+    # copied again and verified: back; removed: gone
+    hotcache("copy", src, mp / "toy", "--name", "toy", "--version", "3", "--checksum",
+             "--verify", check=True)
+    assert labels_now(sandbox)[key] == "verified"
+    shutil.rmtree(mp / "toy")
+    assert key not in labels_now(sandbox)
+    # the cache is taken down: no label at all
+    hotcache("teardown", "hot", "--yes", check=True)
+    assert labels_now(sandbox) == {}
+
+
+CONTAINER = """
+set -e
+mount --bind -o ro "$HOT_COPY" /data
+umount -l "$HOST_MOUNT"
+step() { "$PY" -m hotcache.adapters; echo "--- $?"; read next; }
+step
+step
+mount -t tmpfs none /sys
+step
+"""
+
+
+def steps(proc: subprocess.Popen):
+    """Each step's output lines, then tell the namespace to go on."""
+    while True:
+        lines = []
+        for line in proc.stdout:
+            if line.startswith("--- "):
+                break
+            lines.append(line.rstrip("\n"))
+        else:
+            return
+        yield lines, int(line.split()[1])
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+
+
+@pytest.fixture
+def slash_data():
+    made = not os.path.exists("/data")
+    if made:
+        os.mkdir("/data")
+    yield Path("/data")
+    if made:
+        os.rmdir("/data")
+
+
+def test_container_view_of_a_bind_mounted_hot_copy(sandbox, slash_data):
+    mp = build(sandbox)
+    src = make_dataset(sandbox / "src")
+    hotcache("copy", src, mp / "toy", "--name", "toy", "--version", "3", "--verify", check=True)
+    env = {**os.environ, "HOT_COPY": str(mp / "toy"), "HOST_MOUNT": str(mp), "PY": sys.executable,
+           "DATA_ROOT": "/data", "DATA_ROOT_EXPECT": "hot", "HOTCACHE_LOG_JSON": "1"}
+    proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             CONTAINER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        it = steps(proc)
+        lines, rc = next(it)
+        assert rc == 0, lines
+        seen = json.loads(lines[0])
+        assert seen["hot"] is True and seen["copy"]["name"] == "toy"
+        assert seen["copy"]["version"] == "3" and seen["copy"]["verified_at"]
+        assert seen["path"] == "/data" and seen["mountpoint"] == "/data"
+        assert seen["mount_root"] == "/toy"                   # a bind of a folder, not of /
+        assert seen["fs"] == "xfs" and seen["device"].startswith("loop")
+        assert seen["cache"] == "none" and seen["device_detail"].startswith("loop on ")
+        assert seen["view"] == "fresh" and seen["mapped_cache"] == "hot"
+        assert len(lines) == 1                                # no warning
+
+        # the host rebuilds the cache: teardown, then a new filesystem on a new image at
+        # the same mountpoint, while the container still holds the old one
+        hotcache("teardown", "hot", "--yes", check=True)
+        build(sandbox, image="hot-rebuilt")
+        lines, rc = next(it)
+        seen = json.loads(lines[0])
+        assert seen["hot"] is True                            # the old copy is still readable
+        assert seen["view"] == "stale" and seen["mapped_cache"] == "hot"
+        assert any(x.startswith("data_root STALE:") and "rebuilt" in x for x in lines[1:]), lines
+
+        # /sys hidden: the cache behind the data cannot be told, and is not guessed
+        lines, rc = next(it)
+        seen = json.loads(lines[0])
+        assert seen["cache"] == "unknown" and "not visible" in seen["device_detail"]
+        assert next(it, None) is None
+    finally:
+        proc.stdin.close()
+        proc.kill()
+        proc.wait()
+    assert hotcache_format_ok(mp)
+
+
+def hotcache_format_ok(mp: Path) -> bool:
+    """The rebuilt cache on the host is an empty, healthy filesystem of its own."""
+    return not (mp / "toy" / hotcopy_format.METADATA).exists() and os.path.ismount(mp)
