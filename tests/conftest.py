@@ -7,6 +7,10 @@ import os
 
 import pytest
 
+# `hotcache copy`/`warm` publish progress in node_exporter's folder when it is writable;
+# tests that want it name their own folder.
+os.environ.setdefault("HOTCACHE_METRICS_DIR", "")
+
 
 def pytest_sessionfinish(session, exitstatus):
     if os.environ.get("HOTCACHE_FAIL_ON_SKIP") != "1":

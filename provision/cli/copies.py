@@ -13,11 +13,23 @@ StateOpt = typer.Option(None, "--state", envvar="HOTCACHE_STATE", show_envvar=Tr
                         help="Mapping file [default: /etc/hotcache/mappings.yaml].")
 JobsOpt = typer.Option(0, "--jobs", "-j", min=0, show_default=False,
                        help="Parallel reader threads [default: 4 per CPU, at most 16].")
+MetricsDirOpt = typer.Option(
+    None, "--metrics-dir", envvar="HOTCACHE_METRICS_DIR", show_envvar=True, metavar="DIR",
+    help="While running, publish bytes and files done and left as metrics in DIR (node_"
+         "exporter's textfile folder), so dashboards and init containers can wait for hot "
+         "data [default: /var/lib/prometheus/node-exporter when writable; empty: off].")
 
 
-def _meter(as_json: bool):
+def _meter(as_json: bool, metrics_dir: Optional[Path] = None, operation: str = "",
+           path: Optional[Path] = None):
     from hotcache.provision.system.meter import for_terminal
-    return for_terminal(quiet=as_json)
+
+    meter = for_terminal(quiet=as_json)
+    if not operation:
+        return meter
+    from hotcache.provision.observe.progress import metrics_dir as where, wrap
+
+    return wrap(meter, where(metrics_dir), operation, path)
 
 
 def _out():
@@ -44,7 +56,7 @@ def copy(
     name: Optional[str] = typer.Option(None, "--name", help="Dataset name [default: SRC's name]."),
     version: Optional[str] = typer.Option(None, "--version",
                                           help="Version label [default: previous + 1, or 1]."),
-    jobs: int = JobsOpt,
+    jobs: int = JobsOpt, metrics_dir: Optional[Path] = MetricsDirOpt,
     owner: Optional[str] = typer.Option(None, "--owner", metavar="USER:GROUP",
                                         help="Give the copy to this user (root only)."),
     mode: Optional[str] = typer.Option(None, "--mode", metavar="OCTAL",
@@ -83,7 +95,7 @@ def copy(
                        owner=owner, mode=mode, checksum=checksum, margin=margin,
                        space_check=not no_space_check, bwlimit=parse_rate(bwlimit),
                        state=state, verify=verify)
-    meter = _meter(as_json)
+    meter = _meter(as_json, metrics_dir, "copy", dest)
     try:
         result = do_copy(src, dest, opts, meter)
     finally:
@@ -146,6 +158,7 @@ def warm(
     max_passes: int = typer.Option(8, "--max-passes", min=1,
                                    help="Block caches: most full passes to read."),
     jobs: int = JobsOpt, as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+    metrics_dir: Optional[Path] = MetricsDirOpt,
 ):
     """Read every file (in parallel) so that training finds it cached. With a hotcache
     block cache behind PATH, passes reach the device and the hit ratio and cache use
@@ -154,7 +167,7 @@ def warm(
     re-read the files window by window, as their smq policy promotes gradually."""
     from hotcache.provision.observe.warm import warm as do_warm
 
-    meter = _meter(as_json)
+    meter = _meter(as_json, metrics_dir, "warm", path)
     try:
         report = do_warm(path, jobs=jobs, max_passes=max_passes, state=state, meter=meter)
     finally:

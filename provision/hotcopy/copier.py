@@ -311,8 +311,8 @@ def _run(src, dest, staging: Staging, plan: Plan, opts, owner, mode,
     for folder in sorted({os.path.dirname(item[1].rel) for item in work} - {""}):
         os.makedirs(staging.path / folder, exist_ok=True)
     digests = dict(plan.resumed)
-    meter.start(f"copy {src.name} -> {dest}",
-                sum(e.size for e in plan.entries if e.rel not in plan.resumed))
+    todo = [e for e in plan.entries if e.rel not in plan.resumed]
+    meter.start(f"copy {src.name} -> {dest}", sum(e.size for e in todo), len(todo))
     pending: list[Done] = []
     since = {"bytes": 0, "at": time.monotonic()}
 
@@ -335,6 +335,7 @@ def _run(src, dest, staging: Staging, plan: Plan, opts, owner, mode,
                         digests[rel] = digest
                         pending.append((rel, size, mtime_ns, digest))
                         since["bytes"] += size
+                        meter.file_done()
                 if (since["bytes"] >= CHECKPOINT_BYTES
                         or time.monotonic() - since["at"] >= CHECKPOINT_SECONDS):
                     checkpoint()
@@ -397,7 +398,8 @@ def _read_back(staging: Staging, digests: dict[str, str], opts: CopyOptions,
     from hotcache.provision.hotcopy.verify import hash_files
 
     fsops.syncfs(staging.path)
-    meter.start("read back", sum(os.path.getsize(staging.path / r) for r in digests))
+    meter.start("read back", sum(os.path.getsize(staging.path / r) for r in digests),
+                len(digests))
     bad = hash_files(staging.path, sorted(digests), digests, opts.jobs, meter, evict=True)
     if bad:
         staging.forget({p["path"] for p in bad})

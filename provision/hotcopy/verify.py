@@ -48,6 +48,7 @@ def hash_files(root: Path, rels: list[str], digests: dict[str, str], jobs: int,
     """Hash `rels` under `root` in parallel; a problem for each that differs."""
     def check(rel: str) -> dict | None:
         got = sha256_file(root / rel, meter, evict)
+        meter.file_done()
         if got != digests[rel]:
             return {"path": rel, "problem": f"sha256 {got} differs from the manifest's "
                                             f"{digests[rel]}"}
@@ -108,7 +109,8 @@ def verify(dest: Path, mode: str = "fast", sample: int = 0, jobs: int = 0,
         to_hash = sorted(random.SystemRandom().sample(checkable, min(sample, len(checkable))))
     else:
         to_hash = []
-    meter.start(f"verify {dest.name} ({mode})", sum(present[r] for r in to_hash))
+    meter.start(f"verify {dest.name} ({mode})", sum(present[r] for r in to_hash),
+                len(to_hash))
     problems.extend(hash_files(dest, to_hash, digests, jobs, meter))
     ok = not problems
     report = {"path": str(dest), "name": meta.get("name"), "version": meta.get("version"),

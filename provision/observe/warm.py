@@ -111,6 +111,7 @@ def read_file(path: Path, evict: bool, meter: NullMeter, local) -> tuple[int, fl
             meter.advance(n)
     finally:
         os.close(fd)
+    meter.file_done()
     return total, time.monotonic() - t0
 
 
@@ -334,7 +335,7 @@ class Reader:
     def read(self, label: str, files: list[tuple[Path, int]], note: bool) -> dict:
         if self.evict and self.metadata:
             self.metadata = forget_metadata()
-        self.meter.start(label, sum(size for _, size in files))
+        self.meter.start(label, sum(size for _, size in files), len(files))
         origin0 = self.origin()
         t0 = time.monotonic()
         read, self.seconds = read_pass(files, self.jobs, self.evict, self.meter)

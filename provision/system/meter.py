@@ -1,5 +1,7 @@
 """Progress for long byte-moving work (copy, verify, warm): a rich bar with bytes/s and
-ETA on a terminal, nothing elsewhere. The workers call `advance` from many threads."""
+ETA on a terminal, nothing elsewhere. The workers call `advance` (bytes) and `file_done`
+from many threads; `start` begins a phase with its totals. observe/progress.py adds a
+meter that publishes the same numbers as metrics while the command runs."""
 
 from __future__ import annotations
 
@@ -7,10 +9,13 @@ import sys
 
 
 class NullMeter:
-    def start(self, label: str, total_bytes: int) -> None:
+    def start(self, label: str, total_bytes: int, total_files: int | None = None) -> None:
         pass
 
     def advance(self, nbytes: int) -> None:
+        pass
+
+    def file_done(self, n: int = 1) -> None:
         pass
 
     def note(self, text: str) -> None:
@@ -35,7 +40,7 @@ class RichMeter(NullMeter):
         self._task = None
         self._progress.start()
 
-    def start(self, label: str, total_bytes: int) -> None:
+    def start(self, label: str, total_bytes: int, total_files: int | None = None) -> None:
         if self._task is not None:
             self._progress.stop_task(self._task)
         self._task = self._progress.add_task(label, total=total_bytes)
@@ -54,8 +59,9 @@ class RichMeter(NullMeter):
 class PlainMeter(NullMeter):
     """Not a terminal: one line when each phase starts, and notes, on stderr."""
 
-    def start(self, label: str, total_bytes: int) -> None:
-        sys.stderr.write(f"{label}: {total_bytes} bytes\n")
+    def start(self, label: str, total_bytes: int, total_files: int | None = None) -> None:
+        files = "" if total_files is None else f" in {total_files} files"
+        sys.stderr.write(f"{label}: {total_bytes} bytes{files}\n")
 
     def note(self, text: str) -> None:
         sys.stderr.write(text + "\n")
