@@ -9,6 +9,7 @@ step left behind; the steps run once (Ansible is slow to start).
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import re
@@ -18,6 +19,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from hotcache.provision.observe import nodelabels
+from tests import kubecheck
 
 pytestmark = pytest.mark.root
 
@@ -38,14 +42,16 @@ class Fleet:
         self.spec = root / "etc" / "spec.yml"
         self.textfile = root / "textfile" / "hotcache.prom"
         self.report = root / "fleet.json"
+        self.labels = root / "features.d" / "hotcache"
+        self.manifests = root / "manifests"
+        self.grafana = root / "grafana"
         self.cache = f"ans{os.getpid() % 100000}"
         self.inventory = root / "inventory.yml"
-        self.inventory.write_text(yaml.safe_dump({"hotcache": {
-            "hosts": {"localhost": {
-                "ansible_connection": "local",
-                "ansible_python_interpreter": sys.executable,
-                "ansible_become": False,  # already root; no sudo on CI hosts
-            }},
+        host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                "ansible_become": False}  # already root; no sudo on CI hosts
+        self.inventory.write_text(yaml.safe_dump({"grafana": {"hosts": {"localhost": host}},
+                                                  "hotcache": {
+            "hosts": {"localhost": host},
             "vars": {
                 "hotcache_install": False,           # the venv running the tests has it
                 "hotcache_venv": str(VENV_BIN.parent),
@@ -55,6 +61,12 @@ class Fleet:
                 "hotcache_unit_dir": str(self.units),
                 "hotcache_metrics_textfile": str(self.textfile),
                 "hotcache_report": str(self.report),
+                "hotcache_node_labels": True,
+                "hotcache_node_labels_file": str(self.labels),
+                "hotcache_kube_manifests_dir": str(self.manifests),
+                "hotcache_kube_node": "gpu-test-1",
+                "hotcache_grafana_provisioning_dir": str(self.grafana / "provisioning"),
+                "hotcache_grafana_dashboards_dir": str(self.grafana / "dashboards"),
                 "hotcache_caches": [{
                     "name": self.cache, "backend": "none",
                     "origin": {"loop": {"file": str(self.image), "size": "320M"}},
@@ -129,10 +141,14 @@ def fleet(tmp_path_factory):
         f.after_first = {"mapping": f.mapping(), "mounted": f.mounted(),
                          "fstab": f.fstab.read_text(), "units": sorted(os.listdir(f.units)),
                          "textfile": f.textfile.read_text(),
-                         "service": (f.units / "hotcache-metrics.service").read_text()}
+                         "service": (f.units / "hotcache-metrics.service").read_text(),
+                         "labels": f.labels.read_text(),
+                         "manifests": (f.manifests / "localhost.yaml").read_text()}
         f.recaps["second"] = f.play("second", "site.yml")
         f.recaps["check-converged"] = f.play("check-converged", "site.yml", "--check")
         f.recaps["status"] = f.play("status", "status.yml")
+        f.recaps["grafana"] = f.play("grafana", "grafana.yml")
+        f.recaps["grafana-again"] = f.play("grafana-again", "grafana.yml")
         f.recaps["teardown"] = f.play("teardown", "teardown.yml")
         yield f
     finally:
@@ -200,4 +216,29 @@ def test_teardown_leaves_nothing_behind(fleet):
     assert fleet.cache not in fleet.mapping().get("caches", {})
     assert not fleet.spec.exists()
     assert not fleet.textfile.exists()
+    assert not fleet.labels.exists()
     assert not any(fleet.units.iterdir())
+
+
+def test_node_labels_written_and_refreshed_by_the_timer(fleet):
+    labels = kubecheck.parse_feature_file(fleet.after_first["labels"],
+                                          dt.datetime.now(dt.timezone.utc))
+    assert labels == {f"{nodelabels.PREFIX}/cache-{fleet.cache}": "none",
+                      f"{nodelabels.PREFIX}/cache-{fleet.cache}.mode": "none"}
+    assert f"--node-labels {fleet.labels}" in fleet.after_first["service"]
+
+
+def test_manifests_collected_on_the_controller(fleet):
+    docs = kubecheck.validate_manifests(fleet.after_first["manifests"])
+    assert [d["kind"] for d in docs] == ["StorageClass"]   # no hot copy on this cache yet
+
+
+def test_grafana_dashboard_installed_into_provisioning(fleet):
+    board = fleet.grafana / "dashboards" / "hotcache-dashboard.json"
+    assert json.loads(board.read_text()) == json.loads(
+        (REPO / "playbooks" / "grafana" / "hotcache-dashboard.json").read_text())
+    provider = yaml.safe_load((fleet.grafana / "provisioning" / "dashboards" / "hotcache.yaml").read_text())
+    (p,) = provider["providers"]
+    assert p["type"] == "file" and p["options"]["path"] == str(board.parent)
+    assert fleet.recaps["grafana"]["changed"] == 4
+    assert fleet.recaps["grafana-again"]["changed"] == 0
