@@ -111,13 +111,10 @@ class TextfileMeter(NullMeter):
             yield family
 
     def _write(self, force: bool = False) -> None:
-        now = self.clock()
-        if not force and self.written_at is not None and now - self.written_at < self.interval:
-            return
         from prometheus_client import write_to_textfile
 
+        now = self.clock()
         with self.lock:
-            # another thread may have written meanwhile
             if not force and self.written_at is not None and now - self.written_at < self.interval:
                 return
             self.written_at = now

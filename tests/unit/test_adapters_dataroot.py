@@ -172,7 +172,7 @@ def test_cache_kind_from_sysfs_layout(tmp_path, monkeypatch):
     assert blockinfo.classify("9:9")[1:3] == ("unknown", "block device 9:9 is gone from /sys")
     # /sys not visible at all (a container without it): unknown, never a guess
     monkeypatch.setattr(blockinfo, "SYS_DEV_BLOCK", tmp_path / "nosys" / "dev" / "block")
-    assert blockinfo.classify("252:0")[1] == "unknown"
+    assert blockinfo.classify("252:0")[1:3] == ("unknown", "/sys/dev/block is not visible here")
 
 
 def test_import_pulls_in_no_framework_and_no_cli_library():
