@@ -117,6 +117,10 @@ class WaitTimeout(HotcacheError):
     exit_code = ExitCode.TIMEOUT
 
 
+class LockTimeout(WaitTimeout):
+    """Another hotcache run held the mapping's lock for longer than we were told to wait."""
+
+
 class DataRootError(HotcacheError):
     """The training adapters: DATA_ROOT is unset, missing, or not the hot copy asked for."""
 

@@ -33,38 +33,73 @@ def empty() -> dict:
     return {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "caches": {}}
 
 
+BROKEN_HINT = ("restore it from a backup (or point --state at the right file); only if "
+               "hotcache never built a cache on this host, delete it. Until then every "
+               "device hotcache built looks foreign to it, so nothing is changed")
+
+
 def load(path: Path) -> dict:
+    """The mapping; a missing file is "no caches", but an empty, unparsable or truncated
+    one is an error: read as "no caches" it would make every device hotcache built look
+    foreign (and a later apply could take them for another cache)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
         return empty()
+    if not text.strip():
+        raise UsageError(f"mapping {path} is empty (hotcache never writes an empty "
+                         "mapping: it was truncated or overwritten)", hint=BROKEN_HINT)
     try:
-        data = yaml.safe_load(text) or empty()
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise UsageError(f"mapping {path} is not valid YAML: {exc}",
-                         hint="restore it from a backup or point --state at the right file") from None
-    if not isinstance(data, dict) or not isinstance(data.get("caches", {}), dict):
-        raise UsageError(f"mapping {path} is not a hotcache mapping (no `caches:` mapping)")
+        raise UsageError(f"mapping {path} is not valid YAML: {exc}", hint=BROKEN_HINT) from None
+    if not isinstance(data, dict) or not isinstance(data.get("caches"), dict):
+        raise UsageError(f"mapping {path} is not a hotcache mapping (no `caches:` mapping)",
+                         hint=BROKEN_HINT)
+    broken = [str(name) for name, entry in data["caches"].items() if not isinstance(entry, dict)]
+    if broken:
+        raise UsageError(f"mapping {path}: the entries of {', '.join(broken)} are not "
+                         "mappings: the file was truncated or edited", hint=BROKEN_HINT)
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise UsageError(f"mapping {path} has schema_version {version!r}; this hotcache "
                          f"({__version__}) reads version {SCHEMA_VERSION}",
                          hint="use the hotcache version that wrote it")
-    data.setdefault("caches", {})
     return data
 
 
 def save(path: Path, data: dict) -> None:
     data["schema_version"] = SCHEMA_VERSION
     data["tool_version"] = __version__
-    data["updated"] = now()
+    data.pop("updated", None)
+    data["updated"] = now()      # last, so a file cut short lacks it
     write_atomic(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+
+
+LOCK_TIMEOUT = 600.0    # seconds a run waits for another to finish (HOTCACHE_LOCK_TIMEOUT)
+
+
+def lock_timeout() -> float:
+    raw = os.environ.get("HOTCACHE_LOCK_TIMEOUT")
+    try:
+        return float(raw) if raw else LOCK_TIMEOUT
+    except ValueError:
+        raise UsageError(f"HOTCACHE_LOCK_TIMEOUT={raw!r} is not a number of seconds") from None
+
+
+@contextlib.contextmanager
+def holding(path: Path, holder: str, waiting=None):
+    """Hold the mapping's lock for a whole command (plan, confirmation, every step), so
+    two runs (an administrator's apply and the boot's restore) never interleave. A second
+    run waits, told who holds it, and gives up after lock_timeout() (exit 8)."""
+    with locked(path, holder=holder, timeout=lock_timeout(), waiting=waiting):
+        yield
 
 
 @contextlib.contextmanager
 def editing(path: Path):
     """Lock, load, let the caller change the dict, save atomically."""
-    with locked(path):
+    with locked(path, timeout=lock_timeout()):
         data = load(path)
         yield data
         save(path, data)

@@ -22,10 +22,11 @@ def register(app) -> None:
         boot; running it on a healthy host changes nothing."""
         from pathlib import Path
 
-        from hotcache.provision.cli.commands import carry_out, make_env, need_root
+        from hotcache.provision.cli.commands import carry_out, holding_state, make_env, need_root
         from hotcache.provision.engine.restore import plan_restore
 
         need_root("restore")
         env = make_env(state and Path(state), fstab and Path(fstab))
-        carry_out(plan_restore(env, names or None), env, "restore", yes=yes, as_json=as_json,
-                  done="run; caches restored")
+        with holding_state(env, f"restore {' '.join(names or [])}".strip()):
+            carry_out(plan_restore(env, names or None), env, "restore", yes=yes,
+                      as_json=as_json, done="run; caches restored")

@@ -3,6 +3,7 @@ calls, imported inside each command so that `hotcache --help` starts fast."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -68,6 +69,19 @@ def make_env(state: Optional[Path], fstab_file: Optional[Path], dry_run: bool = 
 
     return Env(Runner(dry_run=dry_run), state_path(state and str(state)),
                fstab_path(fstab_file and str(fstab_file)))
+
+
+@contextlib.contextmanager
+def holding_state(env, command: str):
+    """One lock on the mapping from plan through confirmation to the last step."""
+    from hotcache.provision.mapping import holding
+
+    def waiting(who: str) -> None:
+        sys.stderr.write(f"hotcache: waiting for {who} to finish (it holds the lock on "
+                         f"{env.state})\n")
+        sys.stderr.flush()
+    with holding(env.state, f"hotcache {command}", waiting):
+        yield
 
 
 def confirm(what: str, yes: bool) -> None:
@@ -181,8 +195,9 @@ def apply(
     host = load_spec(spec)
     need_root("apply")
     env = make_env(state, fstab)
-    carry_out(plan_apply(host, env), env, "apply", yes=yes, as_json=as_json,
-              done="applied; `hotcache status` shows the result")
+    with holding_state(env, f"apply {spec}"):
+        carry_out(plan_apply(host, env), env, "apply", yes=yes, as_json=as_json,
+                  done="applied; `hotcache status` shows the result")
 
 
 def carry_out(result, env, title: str, *, yes: bool, as_json: bool, done: str) -> None:
@@ -297,11 +312,12 @@ def teardown(
 
     need_root("teardown")
     env = make_env(state, fstab)
-    result = plan_teardown(name, env, wipe=wipe, remove_images=remove_images)
-    if not as_json:
-        show_plan(result, "teardown")
-    confirm(f"take {name} down ({len(result.steps)} steps)", yes)
-    _run_steps(result, env, quiet=as_json)
+    with holding_state(env, f"teardown {name}"):
+        result = plan_teardown(name, env, wipe=wipe, remove_images=remove_images)
+        if not as_json:
+            show_plan(result, "teardown")
+        confirm(f"take {name} down ({len(result.steps)} steps)", yes)
+        _run_steps(result, env, quiet=as_json)
     if as_json:
         return emit({"changed": True, **result.to_json()})
     console().print(f"[green]done[/]: {name} is down")
