@@ -52,7 +52,18 @@ def copy(
     fraction: Optional[float] = typer.Option(None, "--fraction", metavar="F",
                                              help="Copy a deterministic sample: this share "
                                                   "of each top-level folder (class)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the --fraction sample."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the --fraction or --fit sample."),
+    fit: bool = typer.Option(False, "--fit",
+                             help="Copy the largest subset that fits the fast tier with the "
+                                  "--margin: the same share of each top-level folder (class), "
+                                  "drawn by --seed. For datasets larger than the SSD: read the "
+                                  "rest from the origin (DATA_COLD_ROOT)."),
+    budget: Optional[str] = typer.Option(None, "--budget", metavar="SIZE|PCT",
+                                         help="Like --fit, within this budget: 80% of the "
+                                              "fast tier's filesystem, or a size (200G)."),
+    redraw: bool = typer.Option(False, "--redraw",
+                                help="A refresh of a --fit copy keeps its members; this "
+                                     "draws them again (with --fit or --budget)."),
     name: Optional[str] = typer.Option(None, "--name", help="Dataset name [default: SRC's name]."),
     version: Optional[str] = typer.Option(None, "--version",
                                           help="Version label [default: previous + 1, or 1]."),
@@ -87,6 +98,8 @@ def copy(
     copied, then the new version replaces the old one in one step.
 
     Example: hotcache copy /data/imagenet/val /mnt/hot/imagenet-val --fraction 0.1 --seed 1
+
+    Larger than the SSD: hotcache copy /data/in21k /mnt/hot/in21k --fit (or --budget 80%)
     """
     from hotcache.provision.hotcopy.copier import CopyOptions, copy as do_copy, parse_rate
 
@@ -94,7 +107,7 @@ def copy(
                        fraction=fraction, seed=seed, name=name, version=version, jobs=jobs,
                        owner=owner, mode=mode, checksum=checksum, margin=margin,
                        space_check=not no_space_check, bwlimit=parse_rate(bwlimit),
-                       state=state, verify=verify)
+                       state=state, verify=verify, fit=fit, budget=budget, redraw=redraw)
     meter = _meter(as_json, metrics_dir, "copy", dest)
     try:
         result = do_copy(src, dest, opts, meter)
@@ -112,6 +125,10 @@ def copy(
             f"{result['files']} files, {size(result['bytes'])}")
     c.print(f"  copied {result['copied_files']} files ({size(result['copied_bytes'])}), "
             f"kept {result['reused_files']} unchanged, resumed {result['resumed_files']}")
+    if result.get("partial"):
+        c.print(f"  holds {result['fraction']:.0%} of the files of {src} "
+                f"({result['bytes_fraction']:.0%} of its bytes); read the rest from the "
+                f"source: DATA_ROOT={dest} DATA_COLD_ROOT={src}")
     c.print(f"  check it: cd {dest} && sha256sum -c --quiet SHA256SUMS")
 
 

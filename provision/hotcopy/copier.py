@@ -40,6 +40,8 @@ from hotcache.provision.mapping import now
 from hotcache.provision.system.meter import NullMeter
 from hotcache.provision.hotcopy.selection import Entry, select
 from hotcache.provision.hotcopy.staging import Staging
+from hotcache.provision.hotcopy.sizing import FITS
+from hotcache.provision.hotcopy.subset import advice_for, sized
 
 __all__ = ["CHUNK", "CopyOptions", "copy", "default_jobs"]
 
@@ -67,6 +69,9 @@ class CopyOptions:
     bwlimit: int | None = None      # bytes/s read from the source, None: unlimited
     state: Path | None = None       # the mapping, to record copies on managed mounts
     verify: bool = False            # read the copy back from disk before publishing
+    fit: bool = False               # the largest stratified subset that fits (subset.py)
+    budget: str | None = None       # --budget 80% | 200G: implies fit
+    redraw: bool = False            # a refresh of a --fit copy draws its members again
 
 
 # ---------------------------------------------------------------- checking the inputs
@@ -194,7 +199,7 @@ def _unchanged(published: Path, e: Entry) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_size == e.size and st.st_mtime_ns == e.mtime_ns
 
 
-def check_space(dest: Path, need: int, margin: float) -> None:
+def check_space(dest: Path, need: int, margin: float, sizing=None) -> None:
     st = os.statvfs(dest.parent)
     free = st.f_bavail * st.f_frsize
     want = int(need * (1 + margin))
@@ -205,8 +210,9 @@ def check_space(dest: Path, need: int, margin: float) -> None:
             f"not enough space for the copy on the filesystem of {dest.parent}: it needs "
             f"{size(want)} ({size(need)} to copy + {margin:.0%} margin, {want} bytes) but "
             f"has {size(free)} free ({free} bytes)",
-            hint="free some space, copy a smaller subset (--fraction, --include), or "
-                 "choose another DEST")
+            hint=(f"{sizing.message}. " if sizing is not None and sizing.case != FITS else "")
+            + "Free some space, copy a smaller subset (--fit, --fraction, --include), or "
+              "choose another DEST")
 
 
 def next_version(old: dict | None) -> str:
@@ -226,6 +232,11 @@ def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = Non
                          hint=f"mkdir -p {dest.parent}")
     sel = select(src, include=opts.include, exclude=opts.exclude, list_file=opts.list_file,
                  fraction=opts.fraction, seed=opts.seed)
+    sizing = advice_for(sel, dest)
+    sel = sized(sel, dest, fit_=opts.fit, budget=opts.budget, margin=opts.margin,
+                seed=opts.seed, redraw=opts.redraw,
+                explicit=opts.fraction is not None or opts.list_file is not None,
+                note=lambda text: meter.note(text))
     for w in sel.warnings:
         meter.note(f"warning: {w}")
     if not sel.entries:
@@ -242,11 +253,12 @@ def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = Non
                "files": len(sel.entries), "bytes": sel.bytes, "copied_files": len(plan.copy),
                "copied_bytes": sum(e.size for e in plan.copy), "reused_files": len(plan.link),
                "resumed_files": len(plan.resumed), "checked_files": len(plan.check),
-               "skipped": sel.warnings}
+               "skipped": sel.warnings, **sel.coverage,
+               **({"fit": sel.rule} if sel.rule else {}), "sizing": sizing.to_dict()}
     if _same(plan, opts, name) and not plan.check and opts.version in (None, old["version"]):
         return {**summary, "version": old["version"], "changed": False}
     if opts.space_check:
-        check_space(dest, plan.copy_bytes, opts.margin)
+        check_space(dest, plan.copy_bytes, opts.margin, sizing)
 
     existed = staging.path.is_dir()
     staging.create(src)
@@ -429,7 +441,9 @@ def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old,
         "tool_version": __version__,
         "selection": {"include": opts.include, "exclude": opts.exclude,
                       "list": str(opts.list_file) if opts.list_file else None,
-                      "fraction": opts.fraction, "seed": opts.seed if opts.fraction else None},
+                      "fraction": opts.fraction, "seed": opts.seed if opts.fraction else None,
+                      **sel.rule},
+        **sel.coverage,
         "owner": opts.owner, "mode": opts.mode,
         "previous_version": (old or {}).get("version"),
     }

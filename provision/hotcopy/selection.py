@@ -32,6 +32,20 @@ class Entry:
 class Selection:
     entries: list[Entry]
     warnings: list[str] = field(default_factory=list)
+    source_files: int | None = None     # every file under SRC (the walk), for the
+    source_bytes: int | None = None     # share of the dataset a copy holds
+    rule: dict = field(default_factory=dict)   # how a sized subset was drawn (--fit)
+
+    @property
+    def coverage(self) -> dict:
+        """The share of SRC this selection holds, as recorded in the copy's metadata."""
+        if not self.source_files:
+            return {}
+        return {"source_files": self.source_files, "source_bytes": self.source_bytes,
+                "fraction": round(len(self.entries) / self.source_files, 4),
+                "bytes_fraction": round(self.bytes / self.source_bytes, 4)
+                if self.source_bytes else 1.0,
+                "partial": len(self.entries) < self.source_files}
 
     @property
     def bytes(self) -> int:
@@ -105,7 +119,12 @@ def filter_globs(sel: Selection, include: list[str], exclude: list[str]) -> Sele
     entries = [e for e in sel.entries
                if (not include or any(matches(e.rel, p) for p in include))
                and not any(matches(e.rel, p) for p in exclude)]
-    return Selection(entries, sel.warnings)
+    return narrow(sel, entries)
+
+
+def narrow(sel: Selection, entries: list[Entry]) -> Selection:
+    """A narrower selection of the same walk."""
+    return Selection(entries, sel.warnings, sel.source_files, sel.source_bytes)
 
 
 def read_list(list_file: Path) -> list[str]:
@@ -150,23 +169,58 @@ def filter_list(sel: Selection, wanted: list[str], list_file: Path) -> Selection
         raise UsageError(f"--list {list_file}: {len(missing)} entries are not files or "
                          f"folders under the source:\n  {shown}",
                          hint="fix the list (paths are relative to SRC) and run again")
-    return Selection(sorted(keep.values(), key=lambda e: e.rel), sel.warnings)
+    return narrow(sel, sorted(keep.values(), key=lambda e: e.rel))
+
+
+def _ranked_classes(sel: Selection, seed: int) -> list[list[Entry]]:
+    """The files of each top-level folder (class), ranked by a hash of (seed, path): the
+    same seed ranks the same files alike on every host, and files added later do not
+    reshuffle the ones already ranked."""
+    groups: dict[str, list[Entry]] = {}
+    for e in sel.entries:
+        groups.setdefault(e.rel.split("/", 1)[0] if "/" in e.rel else "", []).append(e)
+    return [sorted(members, key=lambda e: hashlib.sha256(f"{seed}\0{e.rel}".encode()).digest())
+            for _cls, members in sorted(groups.items())]
 
 
 def sample(sel: Selection, fraction: float, seed: int) -> Selection:
     """A deterministic sample of about `fraction` of the files of each top-level folder
-    (each class keeps its share, and at least one file). Files are ranked by a hash of
-    (seed, path), so the same seed picks the same files on every host, and files added
-    later do not reshuffle the ones already picked."""
-    groups: dict[str, list[Entry]] = {}
-    for e in sel.entries:
-        groups.setdefault(e.rel.split("/", 1)[0] if "/" in e.rel else "", []).append(e)
+    (each class keeps its share, and at least one file)."""
     picked: list[Entry] = []
-    for members in groups.values():
-        k = max(1, round(fraction * len(members)))
-        ranked = sorted(members, key=lambda e: hashlib.sha256(f"{seed}\0{e.rel}".encode()).digest())
-        picked.extend(ranked[:k])
-    return Selection(sorted(picked, key=lambda e: e.rel), sel.warnings)
+    for ranked in _ranked_classes(sel, seed):
+        picked.extend(ranked[:max(1, round(fraction * len(ranked)))])
+    return narrow(sel, sorted(picked, key=lambda e: e.rel))
+
+
+def fit(sel: Selection, budget: int, seed: int) -> tuple[Selection, float]:
+    """The largest stratified sample whose bytes are at most `budget`: the same share f of
+    every class (the first floor(f x n) of its ranked files), f as large as fits.
+    Returns the sample and f."""
+    ranked = _ranked_classes(sel, seed)
+    prefix = []                       # bytes of the first k files of each class
+    for members in ranked:
+        sums = [0]
+        for e in members:
+            sums.append(sums[-1] + e.size)
+        prefix.append(sums)
+
+    def take(f: float) -> list[int]:
+        return [int(f * len(m) + 1e-9) for m in ranked]
+
+    def cost(f: float) -> int:
+        return sum(p[k] for p, k in zip(prefix, take(f)))
+
+    # Only the shares j/n_c change what is taken: search those (cost grows with f).
+    shares = sorted({j / len(m) for m in ranked for j in range(1, len(m) + 1)})
+    lo, hi, best = 0, len(shares) - 1, 0.0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if cost(shares[mid]) <= budget:
+            best, lo = shares[mid], mid + 1
+        else:
+            hi = mid - 1
+    picked = [e for m, k in zip(ranked, take(best)) for e in m[:k]]
+    return narrow(sel, sorted(picked, key=lambda e: e.rel)), best
 
 
 def select(src: Path, *, include: list[str] = (), exclude: list[str] = (),
@@ -178,6 +232,7 @@ def select(src: Path, *, include: list[str] = (), exclude: list[str] = (),
                          hint="e.g. --fraction 0.1 for a tenth of each class")
     wanted = read_list(list_file) if list_file is not None else None
     sel = walk(src)
+    sel.source_files, sel.source_bytes = len(sel.entries), sel.bytes
     if wanted is not None:
         sel = filter_list(sel, wanted, list_file)
     sel = filter_globs(sel, list(include), list(exclude))
