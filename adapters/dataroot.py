@@ -3,6 +3,7 @@ log line that says which of the two a training job really read.
 
     root = data_root("/mnt/hdd/imagenet")        # DATA_ROOT wins when set
     root = data_root(expect="hot")               # refuse anything but a verified hot copy
+    root = data_root(hot="/mnt/hot/ds", cold="/data/ds")   # tiered: see tiered.py
 
 The line is logged once per call on the `hotcache.adapters` logger, as `key=value` text,
 or as one JSON object when `json_log=True` or HOTCACHE_LOG_JSON=1.
@@ -31,6 +32,7 @@ from hotcache.provision.errors import DataRootError
 from hotcache.provision.hotcopy.format import STAGING_SUFFIX, read_metadata, staging_dir
 
 from .blockinfo import SYS_DEV_BLOCK, Backing, backing_of
+from .tiered import ENV_COLD, Tiers, count_files
 
 log = logging.getLogger("hotcache.adapters")
 
@@ -38,6 +40,7 @@ ENV = "DATA_ROOT"
 ENV_EXPECT = "DATA_ROOT_EXPECT"
 ENV_JSON = "HOTCACHE_LOG_JSON"
 ENV_STATE = "HOTCACHE_STATE"
+EXPECT = (None, "hot", "partial", "any")
 DEFAULT_STATE = "/etc/hotcache/mappings.yaml"
 
 
@@ -66,6 +69,8 @@ class HotCopy:
     version: str | None = None
     verified_at: str | None = None
     files: int | None = None
+    partial: bool = False            # holds a subset of its source (--fit, --fraction)
+    fraction: float | None = None    # the share of the source's files it holds
 
     @property
     def is_hot(self) -> bool:
@@ -80,6 +85,23 @@ class DataRoot:
     backing: Backing
     rank: dict = field(default_factory=dict)
     view: View = field(default_factory=View)
+    tiers: Tiers | None = None       # DATA_COLD_ROOT given: the rest is read from there
+
+    @property
+    def hot(self) -> str:
+        """'yes' (a whole verified hot copy), 'partial' (a verified subset) or 'no'."""
+        if not self.copy.is_hot:
+            return "no"
+        return "partial" if self.copy.partial else "yes"
+
+    @property
+    def fraction(self) -> float:
+        """The share of the dataset's files read from the hot copy."""
+        if self.hot == "no":
+            return 0.0
+        if self.tiers is None or Path(self.copy.root) == self.path:
+            return self.copy.fraction if self.copy.partial and self.copy.fraction else 1.0
+        return self.tiers.fraction(count_files(self.tiers.cold))
 
     def __fspath__(self) -> str:
         return str(self.path)
@@ -89,7 +111,8 @@ class DataRoot:
 
     def to_dict(self) -> dict:
         return {"event": "data_root", "path": str(self.path), "source": self.source,
-                "hot": self.copy.is_hot, "copy": asdict(self.copy),
+                "hot": self.copy.is_hot, "hot_level": self.hot, "fraction": self.fraction,
+                "cold": str(self.tiers.cold) if self.tiers else None, "copy": asdict(self.copy),
                 "fs": self.backing.fstype, "mountpoint": self.backing.mountpoint,
                 "device": self.backing.device, "devnum": self.backing.devnum,
                 "cache": self.backing.cache, "device_detail": self.backing.detail,
@@ -100,7 +123,12 @@ class DataRoot:
     def log_line(self) -> str:
         c, b = self.copy, self.backing
         parts = [f"data_root path={self.path}", f"source={self.source}",
-                 f"hot={'yes' if c.is_hot else 'no'}", f"copy={c.state}"]
+                 f"hot={self.hot}"]
+        if self.hot == "partial" or self.tiers:
+            parts.append(f"fraction={self.fraction:.2f}")
+        parts.append(f"copy={c.state}")
+        if self.tiers:
+            parts.append(f"cold={self.tiers.cold}")
         if c.state != "cold":
             parts += [f"name={c.name}", f"version={c.version}", f"verified_at={c.verified_at}"]
         parts += [f"fs={b.fstype}", f"device={b.device or b.source}", f"cache={b.cache}"]
@@ -121,7 +149,7 @@ def hot_copy_at(path: Path) -> HotCopy:
             verified = meta.get("verify_ok") is True and bool(meta.get("verified_at"))
             return HotCopy("hot" if verified else "unverified", str(folder), meta.get("name"),
                            None if meta.get("version") is None else str(meta.get("version")),
-                           meta.get("verified_at"), meta.get("files"))
+                           meta.get("verified_at"), meta.get("files"), *_coverage(meta))
         if staging_dir(folder).exists():
             # DEST exists without complete metadata while its staging folder is still there:
             # a copy in progress or one that died half-way.
@@ -129,6 +157,14 @@ def hot_copy_at(path: Path) -> HotCopy:
         if folder.is_mount():
             break                                     # a hot copy never spans filesystems
     return HotCopy("cold")
+
+
+def _coverage(meta: dict) -> tuple[bool, float | None]:
+    """Whether a copy holds only part of its source, and which share of its files."""
+    sel = meta.get("selection") or {}
+    partial = bool(meta.get("partial")) or sel.get("rule") == "fit" or \
+        (sel.get("fraction") is not None and sel.get("fraction") < 1)
+    return partial, meta.get("fraction")
 
 
 def _resolve(default: str | os.PathLike | None) -> tuple[Path, str]:
@@ -200,33 +236,62 @@ def check_view(b: Backing) -> View:
                            f"mapping {where} records")
 
 
-def describe(path: str | os.PathLike, source: str = "argument") -> DataRoot:
+def describe(path: str | os.PathLike, source: str = "argument",
+             cold: str | os.PathLike | None = None) -> DataRoot:
     """What `path` is (hot copy or not, filesystem, device, cache, whether the view is
-    stale), without logging."""
+    stale), without logging; with `cold`, which of its files the hot copy serves (the
+    rest come from `cold`)."""
     path = Path(path).resolve()
     rank = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if os.environ.get(k)}
     backing = backing_of(path)
-    return DataRoot(path, source, hot_copy_at(path), backing, rank, check_view(backing))
+    copy = hot_copy_at(path)
+    tiers = Tiers.of(path, Path(cold).resolve(), copy.root, copy.is_hot) if cold else None
+    return DataRoot(path, source, copy, backing, rank, check_view(backing), tiers)
+
+
+def _cold_root(cold: str | os.PathLike | None) -> Path | None:
+    raw = os.environ.get(ENV_COLD) or cold
+    if not raw:
+        return None
+    path = Path(raw).expanduser().resolve()
+    if not path.is_dir():
+        name = f"{ENV_COLD}={raw}" if os.environ.get(ENV_COLD) else f"cold={raw}"
+        raise DataRootError(f"cold root {path} ({name}) is not a directory",
+                            hint="point it at the whole dataset on the origin (the hot "
+                                 "copy's source)")
+    return path
 
 
 def data_root(default: str | os.PathLike | None = None, expect: str | None = None, *,
+              hot: str | os.PathLike | None = None, cold: str | os.PathLike | None = None,
               json_log: bool | None = None, logger: logging.Logger | None = None) -> DataRoot:
-    """Resolve DATA_ROOT (or `default`), describe it, log one line, return it.
+    """Resolve DATA_ROOT (or `default`, or `hot`), describe it, log one line, return it.
 
     expect="hot" (or DATA_ROOT_EXPECT=hot) raises DataRootError unless the path is a
     complete, verified hot copy: a training job that asked for the SSD never silently
-    reads the HDD instead."""
-    path, source = _resolve(default)
+    reads the HDD instead. expect="partial" also accepts a verified subset (`copy --fit`).
+
+    cold (or DATA_COLD_ROOT): the whole dataset on the origin; files the hot copy lacks
+    are read from there (tiered reads, see tiered.py)."""
+    if hot is not None and default is not None:
+        raise DataRootError("give data_root() either a default or hot=, not both")
+    path, source = _resolve(hot if hot is not None else default)
     expect = expect or os.environ.get(ENV_EXPECT) or None
-    if expect not in (None, "hot", "any"):
-        raise DataRootError(f"expect={expect!r} is not understood", hint="use expect='hot' or leave it unset")
-    root = describe(path, source)
+    if expect not in EXPECT:
+        raise DataRootError(f"expect={expect!r} is not understood",
+                            hint="use expect='hot', expect='partial' or leave it unset")
+    root = describe(path, source, _cold_root(cold))
     if json_log is None:
         json_log = os.environ.get(ENV_JSON, "") not in ("", "0")
     (logger or log).info(json.dumps(root.to_dict(), sort_keys=True) if json_log else root.log_line())
     if root.view.state == "stale":
         (logger or log).warning(f"data_root STALE: {root.view.reason}")
-    if expect == "hot" and not root.copy.is_hot:
+    if expect == "hot" and root.hot == "partial":
+        raise DataRootError(f"{ENV} {path} is a partial hot copy ({root.fraction:.0%} of its "
+                            f"source's files), and a whole hot copy was expected",
+                            hint="pass expect='partial' (DATA_ROOT_EXPECT=partial) to train "
+                                 f"on it, with {ENV_COLD} for the rest")
+    if expect in ("hot", "partial") and not root.copy.is_hot:
         why = {"cold": "is not a hot copy (no complete hotcache metadata in it or above it)",
                "staging": f"is a half-written hot copy (staging folder {root.copy.root})",
                "unverified": f"is a hot copy at {root.copy.root} whose last verification did not pass"}

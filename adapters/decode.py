@@ -17,6 +17,8 @@ Two decoders, chosen per file:
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 
 RESAMPLE = ("bilinear", "nearest", "bicubic", "area", "lanczos")
@@ -44,11 +46,15 @@ def check_resample(resample: str) -> str:
     return resample
 
 
-def decode_array(path: str, size: tuple[int, int], resample: str = "bilinear",
+def decode_array(path: str | bytes, size: tuple[int, int], resample: str = "bilinear",
                  draft: bool = True) -> np.ndarray:
-    """The image at `path` as uint8 (height, width, 3), resized to size=(width, height)."""
-    with open(path, "rb") as f:
-        data = f.read()
+    """The image at `path` (or in these bytes) as uint8 (height, width, 3), resized to
+    size=(width, height)."""
+    if isinstance(path, bytes):
+        data, path = path, io.BytesIO(path)
+    else:
+        with open(path, "rb") as f:
+            data = f.read()
     width, height = size
     if simplejpeg is not None and data[:2] == b"\xff\xd8":
         full_h, full_w = simplejpeg.decode_jpeg_header(data)[:2]

@@ -14,6 +14,7 @@ loop itself waited. Importing this module imports torch; `hotcache.adapters` doe
 
 from __future__ import annotations
 
+import io
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +27,8 @@ from torch.utils.data import default_collate
 
 from .dataroot import data_root
 from .decode import check_resample, decode_array, pillow_decode
-from .imagefolder import list_image_folder
+from .imagefolder import IMAGE_EXTENSIONS, list_image_folder
+from .tiered import list_tiered
 from .timing import BatchTimer
 
 
@@ -66,11 +68,17 @@ class ImageFolderDataset(Dataset):
                  decode: bool = True, image_size: tuple[int, int] | None = None,
                  draft: bool = True, resample: str = "bilinear", threads: int = 1):
         check_resample(resample)
-        self.root = Path(root) if root is not None else data_root().path
+        root = root if root is not None else data_root()
+        self.root = Path(root)
+        self.tiers = getattr(root, "tiers", None)     # a DataRoot with a cold root
         self.draft = draft
         self.resample = resample
         self.threads = max(1, int(threads))
-        self.paths, self.labels, self.classes = list_image_folder(self.root)
+        if self.tiers is not None:
+            self.rels, self.labels, self.classes = list_tiered(self.tiers, IMAGE_EXTENSIONS)
+            self.paths = [self.tiers.path(r) for r in self.rels]
+        else:
+            self.paths, self.labels, self.classes = list_image_folder(self.root)
         self.transform = transform
         self.decode = decode
         self.image_size = tuple(image_size) if image_size else None
@@ -81,22 +89,39 @@ class ImageFolderDataset(Dataset):
         return len(self.paths)
 
     def __getitem__(self, index: int):
-        path = self.paths[index]
-        if self.decode and self.transform is None and self.image_size:
+        return self.fetch(index)[0]
+
+    def fetch(self, index: int):
+        """((sample, label), served hot?); served hot is None without a cold root."""
+        source, hot = self._source(index)
+        if self.batches:
             # the same decoder as the batched path: one sample, one set of pixels
-            img = decode_array(path, self.image_size, self.resample, self.draft)
+            img = decode_array(source, self.image_size, self.resample, self.draft)
             sample = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
         elif self.decode:
-            img = decode_image(path, self.image_size, self.draft, self.resample)
+            img = decode_image(io.BytesIO(source) if isinstance(source, bytes) else source,
+                               self.image_size, self.draft, self.resample)
             sample = self.transform(img) if self.transform else to_tensor(img)
         else:
-            data = Path(path).read_bytes()
+            data = source if isinstance(source, bytes) else Path(source).read_bytes()
             sample = self.transform(data) if self.transform else data
-        return sample, self.labels[index]
+        return (sample, self.labels[index]), hot
+
+    def _source(self, index: int):
+        """(the file's path, None), or for tiered reads (its bytes, read from the hot
+        copy?): the tier is known per file, not guessed."""
+        if self.tiers is None:
+            return self.paths[index], None
+        return self.tiers.read(self.rels[index])
+
+    @property
+    def batches(self) -> bool:
+        """Whether whole batches decode in place (a fixed size, no transform)."""
+        return bool(self.decode and self.transform is None and self.image_size)
 
     def __getitems__(self, indices):
         """A batch: a _Batch when it can be decoded in place, else a list of samples."""
-        if not (self.decode and self.transform is None and self.image_size):
+        if not self.batches:
             return [self[i] for i in indices]
         width, height = self.image_size
         shape = (len(indices), 3, height, width)
@@ -106,9 +131,11 @@ class ImageFolderDataset(Dataset):
             images = torch.empty(shape, dtype=torch.uint8)
 
         out = images.numpy()                  # the same memory, written in place
+        hot = [None] * len(indices)
 
         def decode_into(slot: int, index: int) -> None:
-            img = decode_array(self.paths[index], self.image_size, self.resample, self.draft)
+            source, hot[slot] = self._source(index)
+            img = decode_array(source, self.image_size, self.resample, self.draft)
             out[slot] = img.transpose(2, 0, 1)
 
         if self.threads > 1:
@@ -116,7 +143,8 @@ class ImageFolderDataset(Dataset):
         else:
             for slot, index in enumerate(indices):
                 decode_into(slot, index)
-        return _Batch(images, torch.tensor([self.labels[i] for i in indices]))
+        return _Batch(images, torch.tensor([self.labels[i] for i in indices]),
+                      None if self.tiers is None else sum(map(bool, hot)))
 
     def _threads(self) -> ThreadPoolExecutor:
         # One pool per process: a worker forked from a process that had one starts anew.
@@ -134,36 +162,44 @@ class ImageFolderDataset(Dataset):
 class _Batch:
     """A batch decoded in place: images N×C×H×W uint8, labels N (int64)."""
 
-    __slots__ = ("images", "labels")
+    __slots__ = ("images", "labels", "hot")
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, hot: int | None = None):
         self.images, self.labels = images, labels
+        self.hot = hot                        # tiered reads: samples served hot
 
     def samples(self) -> list:
         return list(zip(self.images, self.labels.tolist()))
 
 
 class _Stamped(Dataset):
-    """Runs in the workers: each sample (or batch) comes with the seconds it took to load."""
+    """Runs in the workers: each sample (or batch) comes with the seconds it took to load,
+    and for tiered reads (seconds, hot samples[, samples]): which tier served it."""
 
     def __init__(self, dataset):
         self.dataset = dataset
+        self.tiered = getattr(dataset, "tiers", None) is not None
 
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __getitem__(self, index):
         t0 = perf_counter()
+        if self.tiered:
+            sample, hot = self.dataset.fetch(index)
+            return sample, (perf_counter() - t0, hot)
         sample = self.dataset[index]
         return sample, perf_counter() - t0
 
     def __getitems__(self, indices):
         batched = getattr(self.dataset, "__getitems__", None)
-        if batched is None:
+        if batched is None or (self.tiered and not self.dataset.batches):
             return [self[i] for i in indices]
         t0 = perf_counter()
         samples = batched(indices)
-        return _Loaded(samples, perf_counter() - t0)
+        seconds = perf_counter() - t0
+        hot = getattr(samples, "hot", None)
+        return _Loaded(samples, seconds if hot is None else (seconds, hot, len(indices)))
 
 
 class _Loaded:
@@ -190,7 +226,11 @@ class _StampedCollate:
                     return [samples.images, samples.labels], stamped.seconds
                 samples = samples.samples()
             return self.collate_fn(samples), stamped.seconds
-        return self.collate_fn([s for s, _ in stamped]), sum(t for _, t in stamped)
+        batch = self.collate_fn([s for s, _ in stamped])
+        if stamped and isinstance(stamped[0][1], tuple):     # tiered: (seconds, hot)
+            return batch, (sum(t for _, (t, _h) in stamped),
+                           sum(1 for _, (_t, h) in stamped if h), len(stamped))
+        return batch, sum(t for _, t in stamped)
 
 
 class TimedLoader(BatchTimer):

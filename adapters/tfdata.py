@@ -21,7 +21,8 @@ import tensorflow as tf
 
 from . import tfcache
 from .dataroot import data_root, hot_copy_at
-from .imagefolder import list_image_folder
+from .imagefolder import IMAGE_EXTENSIONS, list_image_folder
+from .tiered import list_tiered
 from .timing import ENV_LOG, emit, summarize
 
 AUTOTUNE = tf.data.AUTOTUNE
@@ -59,8 +60,14 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
     image_size: (height, width) to resize to; images come out uint8 H×W×3.
     decode=False hands the encoded bytes to `map_fn` instead.
     cache_dir: cache the decoded (and mapped) samples under this folder, in a subfolder
-    keyed by the data's version and these settings."""
-    root = Path(root).resolve() if root is not None else data_root().path
+    keyed by the data's version and these settings.
+
+    root may be a DataRoot with a cold root (DATA_COLD_ROOT, image folders): each file is
+    read from the hot copy when the copy holds it, else from the cold root, and `timed()`
+    over the returned dataset reports the share of samples served hot."""
+    root = root if root is not None else data_root()
+    tiers = getattr(root, "tiers", None)
+    root = Path(root).resolve()
     tfrecords = _tfrecord_files(root) if kind in ("auto", "tfrecord") else []
     if kind == "auto":
         kind = "tfrecord" if tfrecords else "images"
@@ -97,6 +104,16 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
         ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
                            num_parallel_calls=AUTOTUNE, deterministic=deterministic)
         ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    elif tiers is not None:
+        rels, labels, _classes = list_tiered(tiers, IMAGE_EXTENSIONS)
+        files = [tiers.path(r) for r in rels]
+        hot = [tiers.is_hot(r) for r in rels]
+        ds = tf.data.Dataset.from_tensor_slices((files, labels, hot))
+        if shuffle and not cache_dir:
+            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.map(lambda path, label, h: (prepare(tf.io.read_file(path),
+                                                    tf.cast(label, tf.int64)), h),
+                    num_parallel_calls=AUTOTUNE, deterministic=deterministic)
     else:
         files, labels, _classes = list_image_folder(root)
         ds = tf.data.Dataset.from_tensor_slices((files, labels))
@@ -115,8 +132,46 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
         # shard order, and a cache freezes the order it was written in. (Filling a large
         # buffer delays the first batch, so plain image folders skip it.)
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    return ds.batch(batch_size, drop_remainder=drop_remainder,
-                    num_parallel_calls=AUTOTUNE).prefetch(AUTOTUNE)
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=AUTOTUNE)
+    if tiers is None or kind != "images":
+        return ds.prefetch(AUTOTUNE)
+    log = TierLog()
+    ds = log.strip(ds).prefetch(AUTOTUNE)
+    ds._hotcache_tiers = log          # BatchTimer (timed) reads it
+    return ds
+
+
+class TierLog:
+    """Each batch's (hot samples, samples), logged in batch order by a sequential map
+    after `batch`, and taken in the same order by the BatchTimer as it receives them."""
+
+    def __init__(self):
+        from collections import deque
+
+        self.counts = deque(maxlen=1 << 16)
+
+    def strip(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        """(element, hot flags) batches -> element batches, each batch's count logged."""
+        def push(hot, n):
+            self.counts.append((int(hot), int(n)))
+            return 0
+
+        def split(element, hot):
+            n = tf.size(hot)
+            t = tf.py_function(push, [tf.reduce_sum(tf.cast(hot, tf.int32)), n], tf.int32)
+            with tf.control_dependencies([t]):
+                return tf.nest.map_structure(tf.identity, element)
+
+        return ds.map(split)        # sequential: batches are logged in the order they leave
+
+    def clear(self) -> None:
+        self.counts.clear()
+
+    def stamp(self, it):
+        """Pair each batch with its (None, hot, samples) stamp."""
+        for item in it:
+            hot, n = self.counts.popleft() if self.counts else (0, 0)
+            yield item, (None, hot, n)
 
 
 class DataWaitCallback(tf.keras.callbacks.Callback):

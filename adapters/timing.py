@@ -68,6 +68,13 @@ class Summary:
     worker_load_s: float | None = None   # time workers spent loading samples (PyTorch)
     worker_load_per_batch_s: float | None = None
     window: int | None = None       # periodic lines: the wait figures cover the last N batches
+    # Tiered reads (DATA_COLD_ROOT): the share of samples the hot copy served, and the
+    # mean wait of batches mostly (>= half) served hot against those mostly served cold.
+    hot_share: float | None = None
+    hot_batches: int | None = None
+    hot_wait_s: float | None = None
+    cold_batches: int | None = None
+    cold_wait_s: float | None = None
 
     def to_dict(self) -> dict:
         return {"event": "batch_timing", **asdict(self)}
@@ -84,13 +91,42 @@ class Summary:
                 f"-> {self.verdict}")
         if self.worker_load_s is not None:
             text += f" (workers loaded for {self.worker_load_s:.3f}s)"
+        if self.hot_share is not None:
+            mean = lambda s: "n/a" if s is None else ms(s)  # noqa: E731
+            text += (f" hot={self.hot_share:.2f} wait hot={mean(self.hot_wait_s)} "
+                     f"({self.hot_batches} batches) cold={mean(self.cold_wait_s)} "
+                     f"({self.cold_batches} batches)")
         return text
 
 
+def split_stamps(stamps: list) -> tuple[list[float] | None, list[tuple[int, int]] | None]:
+    """Per-batch stamps -> (worker seconds, (hot, samples) pairs). A stamp is the worker
+    seconds, or (seconds or None, hot samples, samples) when reads are tiered."""
+    if not stamps or not isinstance(stamps[0], tuple):
+        return (stamps or None), None
+    secs = [s[0] for s in stamps if s[0] is not None]
+    return (secs or None), [(s[1], s[2]) for s in stamps]
+
+
+def tier_figures(tiers: list[tuple[int, int]], waits: list[float]) -> dict:
+    """Hot share of `tiers` and the mean wait of mostly-hot vs mostly-cold batches;
+    `waits` belong to the last len(waits) batches of `tiers`."""
+    samples = sum(n for _h, n in tiers)
+    hot, cold = [], []
+    for (h, n), w in zip(tiers[len(tiers) - len(waits):], waits):
+        (hot if 2 * h >= n else cold).append(w)
+    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+    return {"hot_share": round(sum(h for h, _n in tiers) / samples, 4) if samples else None,
+            "hot_batches": len(hot), "hot_wait_s": mean(hot),
+            "cold_batches": len(cold), "cold_wait_s": mean(cold)}
+
+
 def summarize(name: str, epoch: int, first: float | None, waits: list[float], wall: float,
-              steps: int, worker_loads: list[float] | None = None, *,
+              steps: int, worker_loads: list | None = None, *,
               batches: int | None = None, window: int | None = None) -> Summary:
-    """`wall` spans `steps` steps, from the first batch's arrival on."""
+    """`wall` spans `steps` steps, from the first batch's arrival on. `worker_loads`:
+    one stamp per batch (see split_stamps)."""
+    worker_loads, tiers = split_stamps(worker_loads)
     ordered = sorted(waits)
     total = sum(ordered)
     # With one batch there is no steady state to judge.
@@ -102,7 +138,8 @@ def summarize(name: str, epoch: int, first: float | None, waits: list[float], wa
                    _percentile(ordered, 50), _percentile(ordered, 95), _percentile(ordered, 99),
                    ordered[-1] if ordered else 0.0, wall / steps if steps else 0.0, wall,
                    share, verdict(share), loads,
-                   loads / len(worker_loads) if worker_loads else None, window)
+                   loads / len(worker_loads) if worker_loads else None, window,
+                   **(tier_figures(tiers, waits) if tiers else {}))
 
 
 class BatchTimer:
@@ -146,12 +183,19 @@ class BatchTimer:
     def __iter__(self):
         self.epoch += 1
         self._reset()
+        # tf.data with tiered reads: the pipeline logs each batch's hot count, in order.
+        tier_log = getattr(self.iterable, "_hotcache_tiers", None)
+        if tier_log is not None:
+            tier_log.clear()
         it = iter(self.iterable)
+        self._tiered = tier_log is not None
+        if self._tiered:
+            it = tier_log.stamp(it)
         clock = perf_counter
         waits = self.waits
         record = waits.append
         loads = self.worker_loads.append
-        stamped = self.stamped
+        stamped = self.stamped or self._tiered
         # No periodic work at all when nobody would read it.
         every = self.log_every if (self.log_path or self.logger.isEnabledFor(logging.INFO)) else 0
         countdown = every or -1
@@ -199,7 +243,7 @@ class BatchTimer:
         start = self._t_window if self._t_window else self._t_first
         self._t_window = now
         return summarize(self.name, self.epoch, self.first, window, now - start, len(window),
-                         self.worker_loads[-n:] if self.stamped else None,
+                         self.worker_loads[-n:] if self._stamps() else None,
                          batches=len(self.waits) + 1, window=len(window))
 
     def summary(self) -> Summary:
@@ -207,7 +251,10 @@ class BatchTimer:
         wall = self._t_last - self._t_first
         steps = len(self.waits) + self._ended
         return summarize(self.name, max(self.epoch, 0), self.first, self.waits, wall, steps,
-                         self.worker_loads if self.stamped else None)
+                         self.worker_loads if self._stamps() else None)
+
+    def _stamps(self) -> bool:
+        return self.stamped or getattr(self, "_tiered", False)
 
     def _emit(self, summary: Summary, *, final: bool) -> None:
         emit(summary, final=final, logger=self.logger, log_path=self.log_path)

@@ -37,7 +37,7 @@ def make_jpegs(root: Path, per_class: int = 4, size: tuple[int, int] = (16, 12),
 
 
 def write_hot_copy(src: Path, dest: Path, *, name: str = "toy", version: str = "1",
-                   verified: bool = True) -> Path:
+                   verified: bool = True, meta_extra: dict | None = None) -> Path:
     """Publish `src` as a hot copy at `dest` the way the copier does: files into the
     staging folder, SHA256SUMS, metadata, then one rename."""
     stage = staging_dir(dest)
@@ -56,7 +56,7 @@ def write_hot_copy(src: Path, dest: Path, *, name: str = "toy", version: str = "
             "source": str(src), "files": len(sums), "bytes": total, "hash": "sha256",
             "copied_at": "2025-01-01T00:00:00Z",
             "verified_at": "2025-01-01T00:01:00Z" if verified else None,
-            "verify_ok": verified, "tool_version": "test"}
+            "verify_ok": verified, "tool_version": "test", **(meta_extra or {})}
     (stage / METADATA).write_text(json.dumps(meta))
     os.rename(stage, dest)
     return dest
