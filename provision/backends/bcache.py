@@ -169,6 +169,7 @@ class Bcache(Backend):
             else total * (100 - unused) // 100,
             "cache_total_bytes": total,
             "promotions": None,   # bcache fills on every miss; it has no promotion counter
+            "priority": sb.priority_stats(cset) if cset else None,   # buckets by state, %
             "sequential_cutoff": sb.parse_human(sb.read(d / "sequential_cutoff")),
         }
 

@@ -73,9 +73,16 @@ def attached_set(node: str) -> str | None:
     return os.path.basename(os.path.realpath(link)) if link.exists() else None
 
 
-def unused_percent(cset: str) -> int | None:
+def priority_stats(cset: str) -> dict | None:
+    """The cache set's buckets by state, in percent: {'unused': 3, 'clean': 96, 'dirty': 0,
+    'metadata': 1}, from priority_stats (how full the cache is, and with what)."""
     stats = set_dir(cset) / "cache0" / "priority_stats"
     if not stats.exists():
         return None
-    m = re.search(r"Unused:\s*(\d+)%", stats.read_text())
-    return int(m.group(1)) if m else None
+    return {k.lower(): int(v)
+            for k, v in re.findall(r"^(\w+):\s*(\d+)%", stats.read_text(), re.M)}
+
+
+def unused_percent(cset: str) -> int | None:
+    prio = priority_stats(cset)
+    return prio.get("unused") if prio else None

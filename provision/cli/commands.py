@@ -8,7 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from typer.exceptions import TyperException
@@ -166,17 +166,35 @@ def _size(n: int | None) -> str:
 @app.command()
 def plan(
     spec: Path = typer.Argument(..., help="Host spec (YAML)."),
+    dataset: List[Path] = typer.Option([], "--dataset", metavar="PATH",
+                                       help="A dataset to be cached: compare its size with "
+                                            "each cache's fast tier (repeatable)."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
 ):
-    """Show what `apply` would do: each step with the exact command it runs. Changes nothing."""
+    """Show what `apply` would do: each step with the exact command it runs. Changes nothing.
+
+    With --dataset PATH, also say whether that dataset fits each cache's fast tier with
+    the 1.2-1.5x margin, without margin, or not at all (then a block cache thrashes: pin
+    a subset with `hotcache copy --fit` instead)."""
     from hotcache.provision.engine.apply import plan_apply
     from hotcache.provision.engine.spec import load_spec
 
     host = load_spec(spec)
+    for d in dataset:
+        if not d.is_dir():
+            from hotcache.provision.errors import UsageError
+
+            raise UsageError(f"--dataset {d}: not a folder", hint="give the dataset's folder")
     need_root("plan")
     result = plan_apply(host, make_env(state, fstab, dry_run=True))
+    sizing = []
+    if dataset:
+        from hotcache.provision.observe.workingset import plan_advice
+
+        sizing = plan_advice(host, [d.resolve() for d in dataset])
+        result.notes += [f"sizing: {a['message']}" for a in sizing]
     if as_json:
-        return emit(result.to_json())
+        return emit({**result.to_json(), **({"sizing": sizing} if dataset else {})})
     show_plan(result, "plan")
 
 
@@ -246,6 +264,11 @@ def status(
         help="Also write a node-feature-discovery feature file (atomically) labelling "
              "this node with its caches and verified hot copies, e.g. /etc/kubernetes/"
              "node-feature-discovery/features.d/hotcache. See `hotcache kube --help`."),
+    interval: float = typer.Option(
+        0, "--interval", metavar="SECONDS", min=0,
+        help="Read the cache statistics twice, SECONDS apart, and show promotions against "
+             "demotions over that interval (a cache that demotes as fast as it promotes "
+             "is thrashing)."),
 ):
     """Compare the mapping with the host: device present, mounted, noatime, filesystem
     UUID, space used, cache statistics. Exits 5 when anything has drifted."""
@@ -260,6 +283,8 @@ def status(
         raise UsageError(f"no cache named {name!r} in the mapping {path}",
                          hint="`hotcache status` without a name lists them all")
     rows = host_status(path, fstab, Runner(), name)
+    if interval:
+        rows = _over_interval(rows, path, fstab, name, interval)
     drift = any(not r["ok"] for r in rows)
     if prometheus is not None:
         from hotcache.provision.observe.metrics import write_textfile
@@ -286,10 +311,31 @@ def status(
                         f"free {_size(r['free_bytes'])}")
             for k, v in (r.get("cache") or {}).items():
                 c.print(f"  {k}: {v}")
+            for k, v in (r.get("working_set") or {}).items():
+                if v:
+                    c.print(f"  {'sizing' if k == 'sizing' else 'working set'}: "
+                            f"{v['message']}", soft_wrap=True)
             for problem in r["problems"]:
                 c.print(f"  [red]problem[/]: {problem}")
     if drift:
         raise typer.Exit(ExitCode.DRIFT)
+
+
+def _over_interval(rows, path, fstab, name, seconds: float) -> list[dict]:
+    """Read the statistics again after `seconds`; churn is judged on the difference."""
+    import time
+
+    from hotcache.provision.engine.status import host_status, working_set
+    from hotcache.provision.mapping import load
+    from hotcache.provision.system.runner import Runner
+
+    time.sleep(seconds)
+    before = {r["name"]: r.get("cache") for r in rows}
+    entries = load(path)["caches"]
+    later = host_status(path, fstab, Runner(), name)
+    for r in later:
+        r["working_set"] = working_set(r, entries[r["name"]], before.get(r["name"]), seconds)
+    return later
 
 
 @app.command()

@@ -81,9 +81,22 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
             result["cache"] = get_backend(entry["backend"]).stats(entry, runner)
         except (HotcacheError, OSError, ValueError, KeyError) as exc:
             problems.append(f"cannot read cache statistics: {exc}")
+    result["working_set"] = working_set(result, entry)
     result["problems"] = problems
     result["ok"] = not problems
     return result
+
+
+def working_set(row: dict, entry: dict, before: dict | None = None,
+                seconds: float | None = None) -> dict:
+    """The cache against what it is to hold: sizing advice and (block caches) churn."""
+    from hotcache.provision.observe.workingset import churn, row_advice
+
+    copies = list((entry.get("hot_copies") or {}).values()) \
+        if isinstance(entry.get("hot_copies"), dict) else []
+    stats = row.get("cache") or {}
+    return {"sizing": row_advice(row, copies),
+            "activity": churn(before, stats, seconds) if stats else None}
 
 
 def _describe(entry: dict, role: str) -> str:

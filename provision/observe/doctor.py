@@ -75,6 +75,7 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
         *check_boot_restore(caches, opts.unit_dir),
         *check_drift(rows),
         *check_space_and_copies(caches, rows, opts),
+        *check_working_set(rows),
     ]
     if os.geteuid() != 0:
         findings.insert(0, Finding("root", WARNING, "doctor",
@@ -300,6 +301,29 @@ def check_space_and_copies(caches: dict, rows: dict[str, dict], opts: Options) -
                                    f"`hotcache verify {c['path']}`"))
             else:
                 out.append(Finding("hot-copy", OK, c["path"], f"{where} verified"))
+    return out
+
+
+def check_working_set(rows: dict[str, dict]) -> list[Finding]:
+    """What each cache is to hold against its fast tier (status' working_set): a block
+    cache smaller than its data thrashes, a plain SSD's hot copies need room to refresh."""
+    from hotcache.provision.hotcopy.sizing import FITS
+
+    out = []
+    for name, row in sorted(rows.items()):
+        ws = row.get("working_set") or {}
+        sizing, activity = ws.get("sizing"), ws.get("activity")
+        if sizing is not None:
+            severity = OK if sizing["case"] == FITS else WARNING
+            fix = None if severity == OK else (
+                "pin a subset: `hotcache copy SRC DEST --fit` on an SSD filesystem, and read "
+                "the rest from the origin (DATA_COLD_ROOT)" if row.get("backend") != "none"
+                else "make room (`hotcache prune`), or copy with `--fit`")
+            out.append(Finding("sizing", severity, name, f"{name}: {sizing['message']}", fix))
+        if activity is not None and activity.get("verdict") == "thrashing":
+            out.append(Finding("thrashing", WARNING, name, f"{name}: {activity['message']}",
+                               "`hotcache status --interval 60` shows promotions against "
+                               "demotions; pin a subset with `hotcache copy --fit`"))
     return out
 
 

@@ -195,9 +195,25 @@ class StatusCollector:
             if value is not None:
                 g.gauge(f"filesystem_{key}", help_, ["cache", "mountpoint"]).add_metric(
                     [name, mp], value)
+        self._working_set(g, name, row, stats)
         entry = self.entries.get(name) or {}
         for copy in hot_copies(entry, bool(row.get("mounted"))):
             self._copy(g, name, copy)
+
+    def _working_set(self, g: "_Families", name: str, row: dict, stats: dict) -> None:
+        """What the cache is to hold against its fast tier, and bcache's buckets."""
+        sizing = (row.get("working_set") or {}).get("sizing")
+        if sizing:
+            g.gauge("cache_working_set_bytes", "What the cache is to hold: the data on a "
+                    "block cache's filesystem, or the hot copies on a plain SSD.",
+                    ["cache"]).add_metric([name], sizing["need_bytes"])
+            g.gauge("cache_capacity_ratio", "The fast tier's capacity over the working set; "
+                    "below 1 a block cache thrashes, 1.2 to 1.5 is the margin to keep.",
+                    ["cache"]).add_metric([name], sizing["ratio"] or 0)
+        for state, percent in sorted((stats.get("priority") or {}).items()):
+            g.gauge("bcache_buckets_ratio", "Share of bcache's buckets in each state "
+                    "(unused, clean, dirty, metadata), from priority_stats.",
+                    ["cache", "state"]).add_metric([name, state], percent / 100)
 
     def _copy(self, g: "_Families", cache: str, copy: dict) -> None:
         labels = ["cache", "copy", "path"]

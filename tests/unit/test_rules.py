@@ -43,17 +43,29 @@ def test_every_alert_has_a_firing_and_a_quiet_case():
     # too old, low free space on the fast tier.
     for wanted in ("HotcacheLowHitRatio", "HotcacheHighDirtyData", "HotcacheCacheDeviceMissing",
                    "HotcacheCacheDown", "HotcacheHotCopyVerifyFailed",
-                   "HotcacheHotCopyVerificationOld", "HotcacheFastTierLowFree"):
+                   "HotcacheHotCopyVerificationOld", "HotcacheFastTierLowFree",
+                   "HotcacheCacheThrashing"):
         assert wanted in alerts
 
 
-def test_a_broken_threshold_is_caught(tmp_path):
-    """The tests would notice a rule that no longer fires."""
-    broken = RULES.read_text().replace("< 0.10", "< 0.01")
+def broken_rules_fail(tmp_path, old: str, new: str, alert: str) -> None:
+    """With `old` changed to `new` in the rules, promtool's tests fail, naming `alert`."""
+    broken = RULES.read_text().replace(old, new)
     assert broken != RULES.read_text()
     (tmp_path / RULES.name).write_text(broken)
     (tmp_path / TESTS.name).write_text(TESTS.read_text())
     proc = subprocess.run(["promtool", "test", "rules", TESTS.name], capture_output=True,
                           text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode != 0
-    assert "HotcacheFastTierLowFree" in proc.stdout + proc.stderr
+    assert alert in proc.stdout + proc.stderr
+
+
+def test_a_broken_threshold_is_caught(tmp_path):
+    """The tests would notice a rule that no longer fires."""
+    broken_rules_fail(tmp_path, "< 0.10", "< 0.01", "HotcacheFastTierLowFree")
+
+
+def test_a_thrashing_threshold_too_high_is_caught(tmp_path):
+    """A thrashing rule that waits for demotions to equal promotions misses a cache that
+    demotes 95 of every 100 blocks it promotes."""
+    broken_rules_fail(tmp_path, ">= 0.8 * sum", ">= 0.99 * sum", "HotcacheCacheThrashing")
