@@ -231,6 +231,75 @@ def copies(
     c.print(table)
 
 
+def prune(
+    roots: List[Path] = typer.Argument(None, help="Folders to look in as well [default: the "
+                                                  "mounts in the mapping]."),
+    keep: int = typer.Option(2, "--keep", metavar="N", help="Versions of each hot copy "
+                                                             "(same name) to keep."),
+    staging_hours: float = typer.Option(24, "--staging-hours", metavar="H",
+                                        help="Staging folders untouched this long (and not "
+                                             "locked by a copy) are abandoned."),
+    tf_cache: List[Path] = typer.Option([], "--tf-cache", metavar="DIR",
+                                        help="A tf.data cache folder (make_dataset's "
+                                             "cache_dir) to prune too; repeatable."),
+    keep_keys: Optional[Path] = typer.Option(None, "--keep-keys", metavar="FILE",
+                                             help="tf.data cache keys still in use, one a "
+                                                  "line: the others are pruned."),
+    older_than: Optional[float] = typer.Option(None, "--older-than", metavar="DAYS",
+                                               help="tf.data caches no pipeline used for "
+                                                    "this long are pruned."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Delete (default: only list)."),
+    as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+):
+    """Remove what the fast tier no longer needs: old versions of hot copies beyond
+    --keep, abandoned staging folders, copies whose source is gone, and stale tf.data
+    caches. Lists what it would delete and the bytes freed; --yes deletes exactly that.
+    Anything a running process holds open is kept and named."""
+    import os
+
+    from hotcache.provision.errors import UsageError
+    from hotcache.provision.hotcopy import prune as p
+    from hotcache.provision.system.sizes import size
+
+    if tf_cache and keep_keys is None and older_than is None:
+        raise UsageError("--tf-cache needs --keep-keys FILE or --older-than DAYS",
+                         hint="say which caches are stale: a list of current keys, or an age")
+    keys = None
+    if keep_keys is not None:
+        try:
+            keys = {k.strip() for k in keep_keys.read_text().splitlines() if k.strip()}
+        except OSError as exc:
+            raise UsageError(f"--keep-keys {keep_keys}: cannot read it ({exc.strerror})") from None
+    for r in [*(roots or []), *tf_cache]:
+        if not r.is_dir():
+            raise UsageError(f"{r}: not a folder", hint="give folders that hold hot copies")
+    where = [Path(os.path.abspath(r)) for r in roots or []] or p.roots_from_mapping(state)
+    found = p.find(where, keep=keep, staging_hours=staging_hours,
+                   tf_caches=[Path(os.path.abspath(t)) for t in tf_cache], keep_keys=keys,
+                   older_than_days=older_than)
+    doomed = [c for c in found if not c.busy]
+    if yes:
+        for c in doomed:
+            p.remove(c)
+    c_, emit = _out()
+    total = sum(c.bytes for c in doomed)
+    if as_json:
+        return emit({"dry_run": not yes, "roots": [str(w) for w in where],
+                     "candidates": [c.to_dict() for c in doomed],
+                     "kept_busy": [c.to_dict() for c in found if c.busy],
+                     "bytes": total, "freed_bytes": total if yes else 0})
+    verb = "removed" if yes else "would remove"
+    for c in doomed:
+        c_.print(f"{verb} {c.path} ({size(c.bytes)}): {c.why}", soft_wrap=True)
+    for c in found:
+        if c.busy:
+            c_.print(f"[yellow]kept[/] {c.path}: held open by {c.busy}", soft_wrap=True)
+    if not found:
+        return c_.print(f"nothing to prune under {', '.join(map(str, where)) or '(no roots)'}")
+    c_.print(f"{'freed' if yes else 'would free'} {size(total)} in {len(doomed)} folder(s)"
+             + ("" if yes else "; run again with --yes to delete them"))
+
+
 def register(app) -> None:
-    for command in (copy, verify, warm, copies):
+    for command in (copy, verify, warm, copies, prune):
         app.command()(command)

@@ -1,0 +1,224 @@
+"""`hotcache prune`: remove what the fast tier no longer needs.
+
+What it finds, under the mapping's mountpoints and the folders given:
+- old versions of a hot copy (copies with the same name) beyond the newest `keep`;
+- leftovers of a refresh (`.X.hotcache-old`) and abandoned staging folders (no copy holds
+  their lock, untouched for `staging_hours`): an interrupted copy resumes from its
+  staging folder, so a recent one is kept;
+- hot copies whose source is gone (its folder exists, the dataset in it does not: an
+  unmounted array is not "gone");
+- tf.data cache folders (`--tf-cache DIR`) whose key is not in a list of current keys, or
+  that no pipeline used for `older_than_days`.
+
+A dry run by default. Nothing a process holds open (cwd, open file, mapping: the check
+`teardown` uses) is touched. Deletion never follows a symlink: each candidate is reached
+from `/` one component at a time with O_NOFOLLOW, checked to be the very folder that
+was listed (device and inode), renamed aside in one step (readers never see half a
+copy) and removed with shutil.rmtree's directory-fd walk, which does not follow links.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import stat
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hotcache.provision.errors import UsageError
+from hotcache.provision.hotcopy.format import METADATA, STAGING_SUFFIX, read_metadata
+
+OLD_SUFFIX = ".hotcache-old"
+PRUNING_SUFFIX = ".hotcache-pruning"
+
+
+@dataclass
+class Candidate:
+    kind: str          # old-version | refresh-leftover | staging | source-gone | tf-cache
+    path: str
+    bytes: int
+    why: str
+    dev: int = 0
+    ino: int = 0
+    busy: str | None = None   # who holds it open: then it is kept
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("dev"), d.pop("ino")
+        return d
+
+
+def tree_bytes(path: Path, seen: set) -> int:
+    """Bytes on disk of the files under `path` (each inode once, links not followed)."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in filenames + dirnames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    return total
+
+
+def _children(root: Path, depth: int = 2):
+    """Folders at most `depth` levels below root, not descending into hot copies."""
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return
+    for e in entries:
+        if not e.is_dir(follow_symlinks=False):
+            continue
+        path = Path(e.path)
+        yield path
+        if depth > 1 and not (path / METADATA).exists() and not e.name.endswith(
+                (STAGING_SUFFIX, OLD_SUFFIX, PRUNING_SUFFIX)):
+            yield from _children(path, depth - 1)
+
+
+def _unlocked(folder: Path) -> bool:
+    """True when no copy holds the staging folder's lock (staging.py flocks it)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _newest_mtime(folder: Path) -> float:
+    newest = os.lstat(folder).st_mtime
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            try:
+                newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime)
+            except OSError:
+                pass
+    return newest
+
+
+def _source_gone(source: str | None) -> bool:
+    """The dataset folder is gone from a folder that is there and holds other things
+    (an array that is not mounted leaves an empty mountpoint: that is not 'gone')."""
+    if not source or os.path.lexists(source):
+        return False
+    parent = Path(source).parent
+    try:
+        return parent.is_dir() and any(parent.iterdir())
+    except OSError:
+        return False
+
+
+def _version_key(meta: dict):
+    v = str(meta.get("version", ""))
+    return (str(meta.get("copied_at") or ""), int(v) if v.isdigit() else -1, v)
+
+
+def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[Path],
+         keep_keys: set[str] | None, older_than_days: float | None,
+         now: float | None = None) -> list[Candidate]:
+    if keep < 1:
+        raise UsageError(f"--keep {keep}: keep at least 1 version of each copy")
+    now = time.time() if now is None else now
+    found: list[Candidate] = []
+    seen: set = set()
+    copies: dict[str, list[tuple[dict, Path]]] = {}
+
+    def add(kind: str, path: Path, why: str) -> None:
+        st = os.lstat(path)
+        found.append(Candidate(kind, str(path), tree_bytes(path, seen), why, st.st_dev, st.st_ino))
+
+    for root in roots:
+        for folder in _children(root):
+            name = folder.name
+            if name.endswith(STAGING_SUFFIX):
+                idle = (now - _newest_mtime(folder)) / 3600
+                if idle >= staging_hours and _unlocked(folder):
+                    add("staging", folder, f"an interrupted copy, untouched for {idle:.0f} h "
+                                           "and not locked by a running copy")
+            elif name.endswith((OLD_SUFFIX, PRUNING_SUFFIX)):
+                add("refresh-leftover", folder, "the old tree a refresh or prune left behind")
+            elif (meta := read_metadata(folder)) is not None:
+                copies.setdefault(str(meta.get("name")), []).append((meta, folder))
+    for name, versions in sorted(copies.items()):
+        versions.sort(key=lambda mv: _version_key(mv[0]), reverse=True)
+        for i, (meta, folder) in enumerate(versions):
+            if i >= keep:
+                add("old-version", folder, f"{name} version {meta.get('version')}: "
+                                           f"{i} newer version(s) kept (--keep {keep})")
+            elif _source_gone(meta.get("source")):
+                add("source-gone", folder, f"its source {meta.get('source')} is gone")
+    for cache_dir in tf_caches:
+        for folder in sorted(p for p in cache_dir.iterdir()
+                             if p.is_dir() and not p.is_symlink()) if cache_dir.is_dir() else []:
+            if any(folder.glob("cache_*.lockfile")):
+                continue                      # a pipeline is writing it (tfcache.py)
+            if keep_keys is not None and folder.name not in keep_keys:
+                add("tf-cache", folder, "its key is not in the --keep-keys list")
+            elif older_than_days is not None and \
+                    (idle := (now - _newest_mtime(folder)) / 86400) >= older_than_days:
+                add("tf-cache", folder, f"no pipeline used it for {idle:.0f} days")
+    from hotcache.provision.block.busy import users_of
+
+    for c in found:
+        users = users_of(c.path)
+        c.busy = "; ".join(users) if users else None
+    return found
+
+
+def _open_dir_nofollow(path: Path) -> int:
+    """A directory fd for `path`, reached from / with O_NOFOLLOW at every component."""
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in path.parts[1:]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def remove(c: Candidate) -> None:
+    """Delete one listed folder: the same inode that was listed, renamed aside, removed
+    through directory fds (symlinks inside are removed, never followed)."""
+    path = Path(c.path)
+    parent = _open_dir_nofollow(path.parent)
+    try:
+        st = os.stat(path.name, dir_fd=parent, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) != (c.dev, c.ino):
+            raise UsageError(f"{path} changed since it was listed; nothing removed there",
+                             hint="run `hotcache prune` again to list what is there now")
+        aside = path.name if path.name.endswith(PRUNING_SUFFIX) else \
+            f".{path.name.lstrip('.')}{PRUNING_SUFFIX}"
+        if aside != path.name:
+            os.rename(path.name, aside, src_dir_fd=parent, dst_dir_fd=parent)
+        shutil.rmtree(aside, dir_fd=parent)
+        os.fsync(parent)
+    finally:
+        os.close(parent)
+
+
+def roots_from_mapping(state: Path | None) -> list[Path]:
+    from hotcache.provision import mapping
+
+    path = mapping.state_path(state and str(state))
+    if not path.exists():
+        return []
+    out = []
+    for entry in mapping.load(path).get("caches", {}).values():
+        mp = (entry.get("filesystem") or {}).get("mountpoint")
+        if mp and os.path.ismount(mp):
+            out.append(Path(mp))
+    return out
