@@ -196,8 +196,10 @@ def _mapping() -> tuple[dict | None, str]:
     except OSError as exc:
         return None, (f"the host's mapping {path} is not visible here ({exc.strerror}); mount "
                       f"/etc/hotcache read-only (or set {ENV_STATE}) to check for a stale view")
-    import yaml   # only here: the adapters import no YAML parser up front
-
+    try:
+        import yaml   # only here: the adapters import no YAML parser up front
+    except ImportError:
+        return None, "PyYAML is not installed here, so the host's mapping cannot be read"
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError:

@@ -167,3 +167,66 @@ def test_container_view_of_a_bind_mounted_hot_copy(sandbox, slash_data):
 def hotcache_format_ok(mp: Path) -> bool:
     """The rebuilt cache on the host is an empty, healthy filesystem of its own."""
     return not (mp / "toy" / hotcopy_format.METADATA).exists() and os.path.ismount(mp)
+
+
+def runc_bundle(root: Path, hot_copy: Path, state_dir: Path) -> Path:
+    """An OCI bundle for runc: an empty read-only rootfs with the host's system folders
+    (and this checkout's venv) bound read-only, the hot copy bind-mounted read-only at
+    /data with rslave propagation, the mapping's folder at /hotcache, uid 1000. The cgroup
+    mount and rlimits of `runc spec` are left out: this machine's cgroup v1 cannot be
+    mounted in a container, and the rest of the container is what matters here."""
+    bundle = root / "bundle"
+    (bundle / "rootfs").mkdir(parents=True)
+    subprocess.run(["runc", "spec"], cwd=bundle, check=True)
+    config = json.loads((bundle / "config.json").read_text())
+    venv = Path(sys.executable).parent.parent
+    # the interpreter, this checkout and every folder on sys.path (the venv may see a
+    # shared venv's packages through a .pth file)
+    system = ["/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc",
+              str(Path(os.path.realpath(sys.executable)).parents[2]), str(REPO)]
+    system += sorted({p for p in map(os.path.realpath, sys.path) if os.path.isdir(p)
+                      and not any(p.startswith(s.rstrip("/") + "/") for s in system)})
+    mounts = [m for m in config["mounts"] if m["type"] != "cgroup"]
+    mounts += [{"destination": d, "type": "bind", "source": d,
+                "options": ["rbind", "ro", "rprivate"]} for d in system if os.path.isdir(d)]
+    mounts += [{"destination": "/data", "type": "bind", "source": str(hot_copy),
+                "options": ["rbind", "ro", "rslave"]},
+               {"destination": "/hotcache", "type": "bind", "source": str(state_dir),
+                "options": ["rbind", "ro", "rprivate"]}]
+    for m in mounts:
+        (bundle / "rootfs" / m["destination"].lstrip("/")).mkdir(parents=True, exist_ok=True)
+    config["mounts"] = mounts
+    config["root"] = {"path": "rootfs", "readonly": True}
+    config["process"].update(
+        terminal=False, user={"uid": 1000, "gid": 1000},
+        args=[str(venv / "bin" / "python"), "-m", "hotcache.adapters"],
+        env=["PATH=/usr/bin:/bin", "DATA_ROOT=/data", "DATA_ROOT_EXPECT=hot",
+             "HOTCACHE_LOG_JSON=1", "HOTCACHE_STATE=/hotcache/mappings.yaml"])
+    config["process"].pop("rlimits", None)
+    config["linux"].pop("resources", None)
+    (bundle / "config.json").write_text(json.dumps(config))
+    return bundle
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_real_container_runc(sandbox):
+    """The same view from a real OCI container (runc): a read-only root, its own mount,
+    PID, IPC, UTS and network namespaces, uid 1000, the hot copy bound read-only."""
+    mp = build(sandbox)
+    src = make_dataset(sandbox / "src")
+    hotcache("copy", src, mp / "toy", "--name", "toy", "--version", "3", "--verify", check=True)
+    bundle = runc_bundle(sandbox, mp / "toy", sandbox / "state")
+    name = f"hotcache-test-{os.getpid()}"
+    try:
+        proc = subprocess.run(["runc", "run", name], cwd=bundle, capture_output=True,
+                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+    finally:
+        subprocess.run(["runc", "delete", "--force", name], capture_output=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[0])
+    assert seen["hot"] is True and seen["copy"]["name"] == "toy" and seen["copy"]["version"] == "3"
+    assert seen["mount_root"] == "/toy" and seen["fs"] == "xfs"
+    assert seen["cache"] == "none" and seen["device"].startswith("loop")
+    assert seen["view"] == "fresh" and seen["mapped_cache"] == "hot"
