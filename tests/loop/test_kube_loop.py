@@ -213,20 +213,37 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_real_container_runc(sandbox):
     """The same view from a real OCI container (runc): a read-only root, its own mount,
-    PID, IPC, UTS and network namespaces, uid 1000, the hot copy bound read-only."""
+    PID, IPC, UTS and network namespaces, uid 1000, the hot copy bound read-only; and the
+    stale warning after the host rebuilt the cache under the running container."""
     mp = build(sandbox)
     src = make_dataset(sandbox / "src")
     hotcache("copy", src, mp / "toy", "--name", "toy", "--version", "3", "--verify", check=True)
     bundle = runc_bundle(sandbox, mp / "toy", sandbox / "state")
+    config = json.loads((bundle / "config.json").read_text())
+    check = config["process"]["args"]
+    config["process"]["args"] = ["/bin/sleep", "600"]
+    (bundle / "config.json").write_text(json.dumps(config))
     name = f"hotcache-test-{os.getpid()}"
+
+    def data_root_in_container() -> tuple[dict, list[str]]:
+        proc = subprocess.run(["runc", "exec", name, *check], capture_output=True, text=True,
+                              timeout=120, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        lines = proc.stdout.splitlines()
+        return json.loads(lines[0]), lines[1:]
+
     try:
-        proc = subprocess.run(["runc", "run", name], cwd=bundle, capture_output=True,
-                              text=True, timeout=120, stdin=subprocess.DEVNULL)
+        subprocess.run(["runc", "run", "--detach", name], cwd=bundle, check=True, timeout=120,
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        seen, more = data_root_in_container()
+        assert seen["hot"] is True and seen["copy"]["name"] == "toy" and seen["copy"]["version"] == "3"
+        assert seen["mount_root"] == "/toy" and seen["fs"] == "xfs"
+        assert seen["cache"] == "none" and seen["device"].startswith("loop")
+        assert seen["view"] == "fresh" and seen["mapped_cache"] == "hot" and more == []
+        hotcache("teardown", "hot", "--yes", check=True)
+        build(sandbox, image="hot-rebuilt")
+        seen, more = data_root_in_container()
+        assert seen["view"] == "stale"
+        assert any(x.startswith("data_root STALE:") for x in more), more
     finally:
         subprocess.run(["runc", "delete", "--force", name], capture_output=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    seen = json.loads(proc.stdout.splitlines()[0])
-    assert seen["hot"] is True and seen["copy"]["name"] == "toy" and seen["copy"]["version"] == "3"
-    assert seen["mount_root"] == "/toy" and seen["fs"] == "xfs"
-    assert seen["cache"] == "none" and seen["device"].startswith("loop")
-    assert seen["view"] == "fresh" and seen["mapped_cache"] == "hot"
