@@ -86,6 +86,10 @@ def register(app) -> None:
                                      "emptyDir at /dev/shm)."),
         storage_class: str = typer.Option("hotcache-local", "--storage-class",
                                           help="Name of the StorageClass."),
+        mount_mapping: bool = typer.Option(
+            False, "--mount-mapping", help="Mount the mapping's folder read-only into the "
+            "Job (a hostPath volume) so that data_root() can warn when the host rebuilt the "
+            "cache under a running pod."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON `List` object "
                                      "(kubectl takes it too) instead of YAML."),
         state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
@@ -100,7 +104,8 @@ def register(app) -> None:
 
         rows, caches, path = _host(state, fstab)
         docs = kube.manifests(rows, caches, node=node, dataset=dataset, namespace=namespace,
-                              image=image, uid=uid, gid=gid, shm=shm, sc=storage_class)
+                              image=image, uid=uid, gid=gid, shm=shm, sc=storage_class,
+                              mapping=str(path.absolute()) if mount_mapping else None)
         if len(docs) == 1:
             sys.stderr.write(f"note: no verified hot copy on a mounted cache of {path}; only "
                              "the StorageClass was printed. `hotcache copy SRC DEST --verify` "

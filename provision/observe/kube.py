@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 import socket
+from pathlib import PurePosixPath
 
 from hotcache.provision.errors import UsageError
 from hotcache.provision.observe import nodelabels
@@ -100,9 +101,14 @@ def claim(copy: dict, namespace: str, sc: str) -> dict:
     }
 
 
-def job(copy: dict, namespace: str, image: str, uid: int, gid: int, shm: str) -> dict:
+def job(copy: dict, namespace: str, image: str, uid: int, gid: int, shm: str,
+        mapping: str | None = None) -> dict:
+    """The example Job. With `mapping` (the host's mapping file), its folder is mounted
+    read-only from the host so that data_root() can tell a stale view (view=fresh/stale
+    instead of unknown); that takes a hostPath volume, which restricted pod security
+    policies refuse, hence optional."""
     label = nodelabels.copy_label(copy["name"], copy["version"])
-    return {
+    spec = {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": dns_name("train", copy["name"], str(copy["version"])),
                      "namespace": namespace, "labels": dict(MANAGED_BY)},
@@ -135,12 +141,22 @@ def job(copy: dict, namespace: str, image: str, uid: int, gid: int, shm: str) ->
                     {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}],
             }}},
     }
+    if mapping:
+        pod = spec["spec"]["template"]["spec"]
+        folder = str(PurePosixPath(mapping).parent)
+        pod["volumes"].append({"name": "hotcache-mapping",
+                               "hostPath": {"path": folder, "type": "Directory"}})
+        pod["containers"][0]["volumeMounts"].append(
+            {"name": "hotcache-mapping", "mountPath": folder, "readOnly": True})
+        pod["containers"][0]["env"].append({"name": "HOTCACHE_STATE", "value": mapping})
+    return spec
 
 
 def manifests(rows: list[dict], caches: dict, *, node: str | None = None,
               dataset: str | None = None, namespace: str = "default",
               image: str = DEFAULT_IMAGE, uid: int = 1000, gid: int = 1000,
-              shm: str = "8Gi", sc: str = DEFAULT_STORAGE_CLASS) -> list[dict]:
+              shm: str = "8Gi", sc: str = DEFAULT_STORAGE_CLASS,
+              mapping: str | None = None) -> list[dict]:
     """Every object, in the order kubectl should create them."""
     if uid <= 0 or gid < 0:
         raise UsageError(f"--uid {uid} / --gid {gid}: the job must run as a non-root user",
@@ -162,7 +178,7 @@ def manifests(rows: list[dict], caches: dict, *, node: str | None = None,
     for c in copies:
         versions.setdefault((c["name"], str(c["version"])), c)
     for c in versions.values():
-        docs += [claim(c, namespace, sc), job(c, namespace, image, uid, gid, shm)]
+        docs += [claim(c, namespace, sc), job(c, namespace, image, uid, gid, shm, mapping)]
     return docs
 
 

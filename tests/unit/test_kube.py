@@ -163,3 +163,31 @@ def test_timer_refreshes_the_labels_too():
             "/etc/nfd/features.d/hotcache\n") in units["hotcache-metrics.service"]
     with pytest.raises(UsageError):
         metrics.timer_units("/opt/hotcache", "/t/h.prom", "1min", {}, "/a b")
+
+
+def test_job_can_mount_the_mapping_for_the_stale_check(host):
+    mp, state, rows = host
+    caches = yaml.safe_load(state.read_text())["caches"]
+    docs = kubecheck.validate_manifests(kube.to_yaml(kube.manifests(
+        rows, caches, node="n", mapping="/etc/hotcache/mappings.yaml")))
+    pod = docs[-1]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert {"name": "HOTCACHE_STATE", "value": "/etc/hotcache/mappings.yaml"} in c["env"]
+    (m,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/etc/hotcache"]
+    assert m["readOnly"]
+    (v,) = [v for v in pod["volumes"] if v["name"] == m["name"]]
+    assert v["hostPath"] == {"path": "/etc/hotcache", "type": "Directory"}
+
+
+def test_cli_labels_prints_writes_and_reports(host, tmp_path):
+    mp, state, _ = host
+    proc = hotcache("kube", "labels", "--state", state)
+    assert proc.returncode == 0, proc.stderr
+    assert kubecheck.parse_feature_file(proc.stdout, dt.datetime.now(dt.timezone.utc)) == {}
+    target = tmp_path / "features.d" / "hotcache"
+    proc = hotcache("kube", "labels", "--state", state, "--write", target, "--json", "--expiry", "120")
+    doc = json.loads(proc.stdout)
+    assert doc == {"labels": {}, "file": str(target), "expiry_seconds": 120}
+    assert kubecheck.expiry_of(target.read_text()) > dt.datetime.now(dt.timezone.utc)
+    bad = hotcache("kube", "labels", "--state", state, "--expiry", "5")
+    assert bad.returncode == 2 and not bad.stdout
