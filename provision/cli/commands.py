@@ -277,6 +277,11 @@ def status(
     from hotcache.provision.engine.status import host_status
 
     path = state_path(state and str(state))
+    if name is not None and node_labels is not None:
+        from hotcache.provision.errors import UsageError
+
+        raise UsageError(f"--node-labels describes the whole host, not only cache {name!r}",
+                         hint="run `hotcache status --node-labels FILE` without a cache name")
     if name is not None and name not in load(path)["caches"]:
         from hotcache.provision.errors import UsageError
 

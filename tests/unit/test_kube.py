@@ -191,3 +191,11 @@ def test_cli_labels_prints_writes_and_reports(host, tmp_path):
     assert kubecheck.expiry_of(target.read_text()) > dt.datetime.now(dt.timezone.utc)
     bad = hotcache("kube", "labels", "--state", state, "--expiry", "5")
     assert bad.returncode == 2 and not bad.stdout
+
+
+def test_status_node_labels_for_one_cache_is_refused(host, tmp_path):
+    mp, state, _ = host
+    target = tmp_path / "features.d" / "hotcache"
+    proc = hotcache("status", "fast", "--state", state, "--node-labels", target)
+    assert proc.returncode == 2 and "whole host" in proc.stderr
+    assert not target.exists()
