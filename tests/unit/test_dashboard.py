@@ -114,11 +114,13 @@ def test_the_panels_the_issue_asks_for():
 
 def generated_metric_names(tmp_path) -> set[str]:
     """Every sample name in metrics files hotcache wrote: the status metrics of a cache
-    with full statistics (dm-cache also counts demotions) and a hot copy, and a copy's progress file."""
+    with full statistics (dm-cache also counts demotions), its working-set sizing and a
+    hot copy, and a copy's progress file."""
     make_copy(tmp_path / "mnt" / "imagenet")
     state = write_state(tmp_path / "m.yaml", {"fast": {"filesystem": {"mountpoint": str(tmp_path / "mnt")}}})
     text = generate_latest(metrics.registry_for(
-        [row("fast", stats={**FULL_STATS, "demotions": 3}, mp=str(tmp_path / "mnt"))], state, now=NOW)).decode()
+        [{**row("fast", stats={**FULL_STATS, "demotions": 3}, mp=str(tmp_path / "mnt")),
+          "working_set": {"sizing": {"need_bytes": 900, "ratio": 1.1}}}], state, now=NOW)).decode()
     meter = progress.TextfileMeter(NullMeter(), tmp_path / "p.prom", "copy", tmp_path)
     meter.start("copy", 10, 2)
     meter.stop()
