@@ -44,6 +44,7 @@ SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", 
                "/root", "/run", "/sbin", "/sys", "/tmp", "/usr", "/var"}
 MIN_XFS_BYTES = 300 * 1024**2  # mkfs.xfs (xfsprogs >= 5.19) refuses smaller filesystems
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
 
 
@@ -229,12 +230,22 @@ def _semantic(spec: HostSpec) -> list[str]:
                 problems.append(f"{at}.tunables.{key}: must not be negative")
         for role, dev in c.devices().items():
             problems += _check_device(f"{at}.{role}", dev)
-            key = dev.path and os.path.realpath(dev.path) or dev.loop.file
+            key = os.path.realpath(dev.path or dev.loop.file)    # x/../a.img is a.img
             if key in seen_devices:
                 problems.append(f"{at}.{role}: {dev.label} is also used by {seen_devices[key]}")
             seen_devices.setdefault(key, f"{at}.{role}")
         fs = c.filesystem
         mp = os.path.normpath(fs.mountpoint)
+        for field, value in (("filesystem.mountpoint", fs.mountpoint),
+                             ("filesystem.label", fs.label),
+                             *((f"{role}.loop.file", d.loop.file) for role, d in
+                               c.devices().items() if d.loop),
+                             *((f"{role}.path", d.path) for role, d in c.devices().items()
+                               if d.path)):
+            if value is not None and _CONTROL.search(value):
+                problems.append(f"{at}.{field}: {value!r} contains a control character "
+                                "(newline, tab, ...); fstab, units and logs split on them. "
+                                "Rename it")
         if not os.path.isabs(fs.mountpoint):
             problems.append(f"{at}.filesystem.mountpoint: {fs.mountpoint!r} must be an absolute path")
         elif mp in SYSTEM_DIRS:

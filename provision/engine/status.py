@@ -71,8 +71,9 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
         result["used_bytes"] = (st.f_blocks - st.f_bfree) * st.f_frsize
     fstab_file_recorded = entry.get("persist", {}).get("fstab")
     if fstab_file_recorded:
-        line = fstab.read_entry(fstab.fstab_path(str(fstab_file or fstab_file_recorded)), name)
-        result["persistent"] = line is not None and fs.get("uuid", "?") in line
+        line = fstab.read_entry(fstab.fstab_path(str(fstab_file or fstab_file_recorded)), name,
+                                fs.get("uuid"), [fs.get("mountpoint")])
+        result["persistent"] = line is not None
         if not result["persistent"]:
             problems.append(f"no fstab entry for it in {fstab_file or fstab_file_recorded}; "
                             "it will not be mounted at boot")

@@ -176,7 +176,8 @@ def check_nofail(caches: dict, opts: Options) -> list[Finding]:
                 "if the device is late or gone at boot, the host stops in emergency mode",
                 f"add nofail,x-systemd.device-timeout=30s to the options on line {n} of "
                 f"{path}" + (" (or run `hotcache apply SPEC`, which rewrites its own entry)"
-                             if fstab.read_entry(path, owner) is not None else "")))
+                             if fstab.read_entry(path, owner, caches[owner].get(
+                                 "filesystem", {}).get("uuid"), [mp]) is not None else "")))
     return out
 
 

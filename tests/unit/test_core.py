@@ -75,11 +75,12 @@ def test_mapping_edits_under_the_lock_do_not_lose_updates(tmp_path):
 def test_fstab_entry_replaced_in_place_and_other_lines_kept(tmp_path):
     tab = tmp_path / "fstab"
     tab.write_text("# static\nUUID=1 / ext4 defaults 0 1\n")
-    fstab.set_entry(tab, "hot", fstab.entry("u1", "/mnt/hot", "xfs", ["noatime", "nofail"]))
-    fstab.set_entry(tab, "hot", fstab.entry("u2", "/mnt/hot", "xfs", ["noatime", "nofail"]))
+    line = fstab.entry("u1", "/mnt/hot", "xfs", ["noatime", "nofail"])
+    fstab.set_entry(tab, "hot", line, "u1", ["/mnt/hot"])
+    fstab.set_entry(tab, "hot", line.replace("noatime,", ""), "u1", ["/mnt/hot"])
     assert tab.read_text() == ("# static\nUUID=1 / ext4 defaults 0 1\n# hotcache:hot\n"
-                               "UUID=u2 /mnt/hot xfs noatime,nofail 0 0\n")
-    fstab.set_entry(tab, "hot", None)
+                               "UUID=u1 /mnt/hot xfs nofail 0 0\n")
+    fstab.set_entry(tab, "hot", None, "u1", ["/mnt/hot"])
     assert tab.read_text() == "# static\nUUID=1 / ext4 defaults 0 1\n"
 
 
