@@ -112,10 +112,16 @@ class LvmCache(Backend):
         return None
 
     def owns(self, entry, dev):
-        if dev.role == "origin" and dev.report is not None and not dev.report.holds_root \
-                and dev.fs.get("TYPE") == "xfs" and existing_lv(dev.node):
-            return True   # an LV with data, named as origin: attach the cache in place
-        vg = state.of(entry).get("vg")
+        st = state.of(entry)
+        if dev.role == "origin" and dev.fs.get("TYPE") == "xfs":
+            lv = existing_lv(dev.node)
+            if lv and st.get("adopted") and lv == (st.get("vg"), st.get("origin_lv")):
+                return True   # the LV this cache adopted (mounted by hotcache since)
+            if lv and dev.report is not None and not dev.report.hard_problems():
+                # An idle LV with data, named as origin: attach the cache in place. A
+                # mounted, held or root LV goes through the refusals like any device.
+                return True
+        vg = st.get("vg")
         if not vg or dev.fs.get("TYPE") != "LVM2_member" or not isinstance(dev.node, str):
             return False
         return pv_vg(Runner(), dev.node) == vg

@@ -55,6 +55,9 @@ def mount_at(mountpoint: str) -> Mount | None:
 
 
 def devnum(node: str) -> str:
+    dev = sysfs(node) / "dev"
+    if dev.exists():
+        return dev.read_text().strip()
     st = os.stat(node)
     return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
 
@@ -96,23 +99,151 @@ def mountpoints_of(node: str) -> list[str]:
     return [m.mountpoint for m in mounts() if m.source_dev in nums]
 
 
-def root_devices() -> set[str]:
-    """Kernel names of the device holding / and every device beneath it (slaves)."""
-    root = mount_at("/")
-    names: set[str] = set()
-    if root is None:
-        return names
-    link = Path(f"/sys/dev/block/{root.source_dev}")
-    todo = [link.resolve()] if link.exists() else []
+SYS_DEV_BLOCK = Path("/sys/dev/block")
+SYS_FS_BTRFS = Path("/sys/fs/btrfs")
+PROC_SWAPS = Path("/proc/swaps")
+# Root filesystems that live on no local disk: nothing to protect.
+DISKLESS_ROOTS = {"tmpfs", "ramfs", "rootfs", "nfs", "nfs4", "9p", "virtiofs", "cifs", "smb3"}
+
+
+class RootDevices(set):
+    """Kernel names of every device beneath `/`. `unknown` says why they could not be
+    determined; then no device is safe (see DeviceReport.problems)."""
+
+    unknown: str | None = None
+
+
+def root_devices(runner: Runner | None = None) -> RootDevices:
+    """The device holding / and every device beneath it (partition -> disk, dm/md ->
+    slaves), through btrfs (all its devices), overlay (the filesystems of its upper and
+    lower folders) and ZFS (the pool's members)."""
+    roots = RootDevices()
+    try:
+        _devices_under("/", roots, runner or Runner(), depth=0)
+    except _Unknown as exc:
+        roots.unknown = str(exc)
+    return roots
+
+
+class _Unknown(Exception):
+    pass
+
+
+def _devices_under(path: str, roots: set[str], runner: Runner, depth: int,
+                   above: Mount | None = None) -> None:
+    mnt = _mount_containing(path)
+    if mnt is None:
+        raise _Unknown(f"no mount holds {path}")
+    if mnt == above or depth > 8:
+        raise _Unknown(f"the folders under the {above.fstype} on {above.mountpoint} are on "
+                       "no filesystem visible here (a container?)")
+    link = SYS_DEV_BLOCK / mnt.source_dev
+    if link.exists():
+        return _walk(link.resolve(), roots)
+    fstype = mnt.fstype
+    if fstype in DISKLESS_ROOTS or fstype.startswith("fuse."):
+        return None
+    if fstype == "btrfs":
+        member = kname(mnt.source)
+        for fs in SYS_FS_BTRFS.glob("*/devices"):
+            names = {d.name for d in fs.iterdir()}
+            if member in names:
+                for d in fs.iterdir():
+                    _walk(d.resolve(), roots)
+                return None
+        raise _Unknown(f"btrfs on {mnt.mountpoint}: {mnt.source} is in no /sys/fs/btrfs "
+                       "device list")
+    if fstype == "overlay":
+        dirs = [opt.split("=", 1)[1] for opt in mnt.options
+                if opt.startswith(("upperdir=", "lowerdir=", "workdir="))]
+        if not dirs:
+            raise _Unknown(f"overlay on {mnt.mountpoint} shows no upper or lower folder")
+        for folders in dirs:
+            for folder in folders.split(":"):
+                _devices_under(folder, roots, runner, depth + 1, mnt)
+        return None
+    if fstype == "zfs":
+        pool = mnt.source.split("/")[0]
+        res = probe.run(runner, ["lsblk", "--json", "--output", "KNAME,FSTYPE,LABEL"])
+        rows = probe.json_doc(res).get("blockdevices")
+        if not isinstance(rows, list):
+            raise ProbeFailed(res.argv, 0, res.stderr, why="its JSON has no blockdevices list")
+        members = [r["kname"] for r in rows if isinstance(r, dict)
+                   and r.get("fstype") == "zfs_member" and r.get("label") == pool]
+        if not members:
+            raise _Unknown(f"zfs pool {pool} on {mnt.mountpoint}: lsblk shows none of its "
+                           "member devices")
+        for name in members:
+            _walk((SYS_BLOCK / name).resolve(), roots)
+        return None
+    raise _Unknown(f"{fstype} on {mnt.mountpoint} ({mnt.source}) names no block device")
+
+
+def _mount_containing(path: str) -> Mount | None:
+    target = os.path.normpath(path)
+    best = None
+    for m in mounts():
+        mp = m.mountpoint.rstrip("/") or "/"
+        if target == mp or target.startswith(mp.rstrip("/") + "/"):
+            if best is None or len(mp) >= len(best.mountpoint.rstrip("/") or "/"):
+                best = m
+    return best
+
+
+def _walk(start: Path, roots: set[str]) -> None:
+    todo = [start]
     while todo:
         p = todo.pop()
-        names.add(p.name)
+        if p.name in roots:
+            continue
+        roots.add(p.name)
         if (p / "partition").exists():
             todo.append(p.parent)
         slaves = p / "slaves"
         if slaves.is_dir():
             todo += [(slaves / s).resolve() for s in os.listdir(slaves)]
-    return names
+
+
+# Signatures that mean a partition is part of something else even when nothing is
+# mounted: erasing the disk's partition table would destroy it.
+IN_USE_TYPES = {"LVM2_member": "an LVM physical volume", "linux_raid_member":
+                "an md RAID member", "crypto_LUKS": "a LUKS device", "swap": "swap space",
+                "zfs_member": "a ZFS pool member", "bcache": "a bcache device"}
+
+
+def partitions(node: str) -> list[str]:
+    """Kernel names of the partitions of a whole disk (sysfs lists them inside it)."""
+    base = sysfs(node)
+    if not base.is_dir():
+        return []
+    return sorted(c.name for c in base.iterdir() if (c / "partition").exists())
+
+
+def active_swaps() -> set[str]:
+    try:
+        lines = PROC_SWAPS.read_text().splitlines()[1:]
+    except FileNotFoundError:
+        return set()
+    return {kname(line.split()[0]) for line in lines if line.strip()}
+
+
+def partitions_in_use(node: str, runner: Runner) -> list[str]:
+    """Why partitions of `node` are in use: holders (an active LV, md, dm-crypt, bcache),
+    active swap, or a signature saying it belongs to LVM, md, LUKS, swap or ZFS. Mounts
+    are in mountpoints_of. Any of these refuses the whole disk, even with wipe: true."""
+    swaps = active_swaps()
+    out = []
+    for part in partitions(node):
+        dev = f"/dev/{part}"
+        held = holders(dev)
+        if held:
+            out.append(f"its partition {dev} is in use by {', '.join(held)} (holders)")
+        if part in swaps:
+            out.append(f"its partition {dev} is active swap")
+        kind = IN_USE_TYPES.get(fs_identity(dev, runner).get("TYPE", ""))
+        if kind:
+            out.append(f"its partition {dev} is {kind}")
+    return out
 
 
 def by_id_links(node: str) -> list[str]:
@@ -190,6 +321,8 @@ class DeviceReport:
     loop_file: str | None = None
     holds_root: bool = False
     unreadable: str | None = None     # why its signatures could not be probed
+    root_unknown: str | None = None   # why the devices under / could not be determined
+    in_use: list[str] = field(default_factory=list)   # partitions in use, active swap
 
     @property
     def kind(self) -> str:
@@ -197,18 +330,27 @@ class DeviceReport:
 
     def problems(self) -> list[str]:
         """Why this device is not safe to use as it is (empty: safe)."""
-        out = []
+        out = self.hard_problems()
         if self.unreadable:
-            out.append(f"its signatures cannot be read ({self.unreadable})")
+            out.insert(0, f"its signatures cannot be read ({self.unreadable})")
+        if self.signatures:
+            kinds = sorted({s.get("type", "?") for s in self.signatures})
+            out.append(f"it carries signatures: {', '.join(kinds)}")
+        return out
+
+    def hard_problems(self) -> list[str]:
+        """What no `wipe: true` overrides: root, mounts, holders, partitions in use."""
+        out = []
         if self.holds_root:
             out.append("it holds the root filesystem")
+        elif self.root_unknown:
+            out.append(f"it may hold the root filesystem: hotcache cannot tell which disk "
+                       f"holds / ({self.root_unknown}), so it refuses every device")
+        out += self.in_use
         if self.mountpoints:
             out.append(f"it is mounted at {', '.join(self.mountpoints)}")
         if self.holders:
             out.append(f"it is in use by {', '.join(self.holders)} (holders)")
-        if self.signatures:
-            kinds = sorted({s.get("type", "?") for s in self.signatures})
-            out.append(f"it carries signatures: {', '.join(kinds)}")
         return out
 
     def to_json(self) -> dict:
@@ -220,10 +362,13 @@ def report(node: str, runner: Runner, *, roots: set[str] | None = None,
            strict: bool = True) -> DeviceReport:
     """The device as it is. A failed signature probe raises (strict: planning) or is
     noted in `unreadable`, which makes the device unsafe (listing devices)."""
-    roots = root_devices() if roots is None else roots
-    unreadable = None
+    roots = root_devices(runner) if roots is None else roots
+    unreadable, in_use = None, []
     try:
         sigs = signatures(node, runner)
+        in_use = partitions_in_use(node, runner)
+        if kname(node) in active_swaps():
+            in_use.append("it is active swap")
     except ProbeFailed as exc:
         if strict:
             raise
@@ -244,4 +389,5 @@ def report(node: str, runner: Runner, *, roots: set[str] | None = None,
         by_id=by_id_links(node), signatures=sigs, unreadable=unreadable,
         mountpoints=mountpoints_of(node), holders=holders(node),
         loop_file=loop_backing_file(node), holds_root=name in roots,
+        root_unknown=getattr(roots, "unknown", None), in_use=in_use,
     )

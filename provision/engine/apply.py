@@ -20,8 +20,8 @@ from hotcache.provision import mapping
 from hotcache.provision.block import blockdev
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
-from hotcache.provision.errors import KernelUnsupported, RefusedError
-from hotcache.provision.engine import images
+from hotcache.provision.errors import KernelUnsupported, ProbeFailed, RefusedError
+from hotcache.provision.engine import images, owners
 from hotcache.provision.engine.plan import Plan, Ref, RunContext, Step
 from hotcache.provision.system.runner import Runner, require
 from hotcache.provision.engine.spec import MIN_XFS_BYTES, CacheSpec, DeviceRef, HostSpec
@@ -48,6 +48,7 @@ class Device:
     report: blockdev.DeviceReport | None = None
     fs: dict = field(default_factory=dict)      # blkid's TYPE/UUID/LABEL
     image_signatures: list[dict] = field(default_factory=list)
+    image_data: int = 0              # bytes an existing loop image holds (allocated)
 
 
 class Planner:
@@ -57,6 +58,7 @@ class Planner:
         self.env, self.cache, self.plan = env, cache, plan
         self.refusals: list[str] = []
         self.start = len(plan.steps)
+        self.known_images: set[str] = set()   # image files the mapping says hotcache made
 
     def run(self, summary: str, argv: list, *, capture: str | None = None,
             destructive: bool = False) -> None:
@@ -93,13 +95,20 @@ def resolve(p: Planner, role: str, ref: DeviceRef, roots: set[str]) -> Device:
     runner = p.env.runner
     if ref.loop is None:
         node = os.path.realpath(ref.path)
-        rep = blockdev.report(node, runner, roots=roots)
-        return Device(role, ref, node, True, rep.size, rep, blockdev.fs_identity(node, runner))
+        rep = blockdev.report(node, runner, roots=roots, strict=False)
+        return Device(role, ref, node, True, rep.size, rep, _fs(node, rep, runner))
     image = ref.loop.file
     node = blockdev.loop_for_file(image)
+    held = _image_data(image)
+    if os.path.exists(image) and os.path.getsize(image) != ref.loop.bytes:
+        p.plan.notes.append(f"{p.cache}.{role}: image {image} is "
+                            f"{os.path.getsize(image) / 2**20:.0f} MiB, the spec says "
+                            f"{ref.loop.size}; it is used at its present size (hotcache does "
+                            "not resize an existing image)")
     if node:
-        rep = blockdev.report(node, runner, roots=roots)
-        return Device(role, ref, node, True, rep.size, rep, blockdev.fs_identity(node, runner))
+        rep = blockdev.report(node, runner, roots=roots, strict=False)
+        return Device(role, ref, node, True, rep.size, rep, _fs(node, rep, runner),
+                      image_data=held)
     placeholder = Ref(f"loop:{image}", f"<loop device of {image}>")
     if os.path.exists(image):
         size = os.path.getsize(image)
@@ -111,7 +120,28 @@ def resolve(p: Planner, role: str, ref: DeviceRef, roots: set[str]) -> Device:
               ["truncate", "--size", str(ref.loop.bytes), image])
     p.run(f"attach {image} as a loop device",
           ["losetup", "--find", "--show", image], capture=placeholder.key)
-    return Device(role, ref, placeholder, False, size, None, fs, sigs)
+    return Device(role, ref, placeholder, False, size, None, fs, sigs, image_data=held)
+
+
+def _fs(node: str, rep: blockdev.DeviceReport, runner: Runner) -> dict:
+    """blkid's view of the device. When blkid cannot read a device that is refused anyway
+    (root, mounted, held), the refusal, not the failed probe, is what is said."""
+    try:
+        return blockdev.fs_identity(node, runner)
+    except ProbeFailed:
+        if rep.hard_problems():
+            return {}
+        raise
+
+
+def _image_data(image: str) -> int:
+    """Bytes the image file really holds (allocated blocks): 0 for a missing file or a
+    sparse one nothing was written to, such as the one an interrupted apply created."""
+    try:
+        st = os.stat(image)
+    except FileNotFoundError:
+        return 0
+    return st.st_blocks * 512 if st.st_size else 0
 
 
 def preflight(p: Planner, backend, spec: CacheSpec, entry: dict | None, dev: Device,
@@ -125,19 +155,39 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: dict | None, dev: Dev
         return
     if dev.report is not None:
         rep = dev.report
-        hard = [why for why in rep.problems() if not why.startswith("it carries")]
+        hard = rep.hard_problems()
         if hard:
             p.refuse(f"{at}: {'; '.join(hard)}. hotcache will not touch it, even with wipe: true")
             return
+        # A probe that failed is an error (exit 4), never "no signatures": ask again and
+        # let it raise.
         sigs = rep.signatures
+        if rep.unreadable:
+            sigs = blockdev.signatures(dev.node, p.env.runner)
+            late = blockdev.partitions_in_use(dev.node, p.env.runner)
+            if late:
+                p.refuse(f"{at}: {'; '.join(late)}. hotcache will not touch it, even with "
+                         "wipe: true")
+                return
     else:
         sigs = dev.image_signatures
-    if not sigs:
+    # An existing image file with data in it is someone's, unless the mapping says
+    # hotcache made it: a file of plain data carries no signature to refuse.
+    image = dev.ref.loop and os.path.realpath(dev.ref.loop.file)
+    foreign = image and dev.image_data and image not in p.known_images
+    if not sigs and not foreign:
         return
     kinds = ", ".join(sorted({s.get("type", "?") for s in sigs}))
     if not dev.ref.wipe:
-        p.refuse(f"{at}: it carries signatures ({kinds}) that hotcache did not create. "
-                 "If its data may be destroyed, add `wipe: true` to that device in the spec")
+        why = [f"it carries signatures ({kinds})"] if sigs else []
+        if foreign:
+            why.append(f"{image} already exists and holds {dev.image_data / 2**20:.1f} MiB "
+                       f"of data (a {os.path.getsize(image) / 2**20:.0f} MiB file; the spec "
+                       f"says {dev.ref.loop.size})")
+        p.refuse(f"{at}: {' and '.join(why)} that hotcache did not create. If its data may "
+                 "be destroyed, add `wipe: true` to that device in the spec")
+        return
+    if not sigs:
         return
     p.run(f"erase every signature on {dev.ref.label} ({kinds}), as `wipe: true` allows",
           ["wipefs", "--all", dev.node], destructive=True)
@@ -149,9 +199,10 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: dict | None, dev: Dev
 def plan_apply(spec: HostSpec, env: Env) -> Plan:
     plan = Plan()
     state = mapping.load(env.state)
-    refusals: list[str] = []
+    refusals: list[str] = owners.conflicts(spec, state)
     for cache in spec.caches:
         p = Planner(env, cache.name, plan)
+        p.known_images = images.made_by_hotcache(state, cache.name)
         entry = state["caches"].get(cache.name)
         if entry is not None and entry.get("backend") != cache.backend:
             refusals.append(f"{cache.name}: it was built with backend {entry.get('backend')}; "
@@ -185,7 +236,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
                                      " (`hotcache devices --backends` says why)")
     for program in backend.programs:
         require(program)
-    roots = blockdev.root_devices()
+    roots = blockdev.root_devices(p.env.runner)
     devs = {role: resolve(p, role, ref, roots) for role, ref in spec.devices().items()}
     min_size = MIN_XFS_BYTES if spec.backend == "none" else 64 * 2**20
     for dev in devs.values():
@@ -210,7 +261,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
                target], destructive=True)
 
     mounting = _plan_mount(p, spec, entry, target, target_dev)
-    _plan_persist(p, spec, fs_uuid)
+    _plan_persist(p, spec, fs_uuid, entry)
     _plan_owner(p, spec, mounting)
     if p.changed or building or _entry_drifted(entry, spec):
         p.do(f"record {spec.name} in the mapping as ready",
@@ -235,8 +286,9 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry, target, target_dev: Device) 
     old_mp = (entry or {}).get("filesystem", {}).get("mountpoint")
     if old_mp and old_mp != mp and blockdev.mount_at(old_mp):
         p.run(f"unmount {old_mp} (the spec moved {spec.name} to {mp})", ["umount", old_mp])
+        old_uuid = entry.get("filesystem", {}).get("uuid")
         p.do(f"remove the old mountpoint entry of {spec.name} from {p.env.fstab}",
-             lambda ctx: fstab.set_entry(p.env.fstab, spec.name, None))
+             lambda ctx: fstab.set_entry(p.env.fstab, spec.name, None, old_uuid, [old_mp]))
     current = blockdev.mount_at(mp)
     if current is not None and isinstance(target, str) and target_dev.present \
             and current.source_dev == blockdev.devnum(target):
@@ -263,16 +315,17 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry, target, target_dev: Device) 
     return True
 
 
-def _plan_persist(p: Planner, spec: CacheSpec, fs_uuid: str) -> None:
+def _plan_persist(p: Planner, spec: CacheSpec, fs_uuid: str, entry: dict | None) -> None:
     path = p.env.fstab
     line = None
+    mp = os.path.normpath(spec.filesystem.mountpoint)
     if spec.filesystem.persist == "fstab":
-        line = fstab.entry(fs_uuid, os.path.normpath(spec.filesystem.mountpoint), FSTYPE,
-                           fstab_options(spec))
-    if fstab.read_entry(path, spec.name) != line:
+        line = fstab.entry(fs_uuid, mp, FSTYPE, fstab_options(spec))
+    ours = [mp, (entry or {}).get("filesystem", {}).get("mountpoint")]
+    if fstab.read_entry(path, spec.name, fs_uuid, ours) != line:
         what = f"write the entry `{line}` to {path}" if line else f"remove the entry from {path}"
         p.do(f"{what} (tagged {fstab.marker(spec.name)})",
-             lambda ctx: fstab.set_entry(path, spec.name, line))
+             lambda ctx: fstab.set_entry(path, spec.name, line, fs_uuid, ours))
 
 
 def _plan_owner(p: Planner, spec: CacheSpec, mounting: bool) -> None:

@@ -43,3 +43,13 @@ def adoptable_entry(data: dict, spec) -> dict | None:
     if not kept or kept.get("backend") != "none" or not kept.get("fs_uuid"):
         return None
     return {"backend": "none", "state": "kept", "filesystem": {"uuid": kept["fs_uuid"]}}
+
+
+def made_by_hotcache(data: dict, cache: str) -> set[str]:
+    """Image files (real paths) the mapping records as hotcache's for `cache`: those its
+    entry names, and those a teardown kept. Any other existing image with data in it is
+    not hotcache's to format without `wipe: true`."""
+    entry = data.get("caches", {}).get(cache) or {}
+    made = {os.path.realpath(info["loop_file"]) for info in (entry.get("devices") or {}).values()
+            if isinstance(info, dict) and info.get("loop_file")}
+    return made | set(data.get(KEY) or {})

@@ -39,15 +39,21 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False,
     persisted = entry.get("persist", {}).get("fstab")
     if persisted:
         path = fstab.fstab_path(persisted)  # the file apply wrote, wherever it was
-        if fstab.read_entry(path, name) is not None:
-            p.do(f"remove the entry of {name} from {path}",
-                 lambda ctx: fstab.set_entry(path, name, None))
+        fs_uuid = entry.get("filesystem", {}).get("uuid")
+        if fstab.has_marker(path, name):
+            p.do(f"remove the entry of {name} from {path} (only a line that mounts its "
+                 f"UUID on {mp} goes with its marker)",
+                 lambda ctx: fstab.set_entry(path, name, None, fs_uuid, [mp]))
     get_backend(entry["backend"]).dismantle(p, entry)
     kept = []
     for role, info in entry.get("devices", {}).items():
         node = current_node(entry, role)
         image = info.get("loop_file")
-        if node is not None and wipe:
+        adopted = role == "origin" and (entry.get("backend_state") or {}).get("adopted")
+        if node is not None and wipe and adopted:
+            plan.notes.append(f"the origin LV {node} is not wiped: hotcache adopted it with "
+                              "its data and did not create it")
+        elif node is not None and wipe:
             p.run(f"erase signatures on the {role} device {node} (--wipe)",
                   ["wipefs", "--all", node], destructive=True)
         if node is not None and image:

@@ -1,0 +1,125 @@
+"""One device, one owner.
+
+Two names can mean one device: `a.img` and `x/../a.img`, `/dev/loop3` and the image
+attached there, a by-id link and `/dev/sdb`, and a whole disk overlaps its partitions
+(`/dev/sdb` and `/dev/sdb1`). Each device the spec names, and each the mapping records
+for a cache, becomes a Claim: tokens for what the device is (its device number, the
+inode of an image file) and for the disk a partition lies on. Two claims of different
+owners that share a device, or a disk and its partition, are refused.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from hotcache.provision.block import blockdev
+
+SYS_DEV_BLOCK = Path("/sys/dev/block")
+
+
+@dataclass(frozen=True)
+class Claim:
+    owner: str                 # the cache name
+    what: str                  # how to name it in a message
+    own: frozenset[str]        # the device itself, by every identity found
+    above: frozenset[str]      # the whole disk, when the device is a partition
+
+    def overlaps(self, other: "Claim") -> bool:
+        return bool(self.own & other.own or self.own & other.above
+                    or self.above & other.own)
+
+
+def tokens(path: str) -> tuple[set[str], set[str]]:
+    """(what `path` is, the disk it is a partition of) as comparable tokens."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {f"path:{os.path.realpath(path)}"}, set()
+    if stat.S_ISREG(st.st_mode):
+        own = {f"file:{st.st_dev}:{st.st_ino}"}
+        loop = blockdev.loop_for_file(path)
+        if loop:
+            own |= tokens(loop)[0]
+        return own, set()
+    if not stat.S_ISBLK(st.st_mode):
+        return {f"path:{os.path.realpath(path)}"}, set()
+    return block_tokens(f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}")
+
+
+def block_tokens(num: str) -> tuple[set[str], set[str]]:
+    """A block device (major:minor) by its number and its loop image; its disk when it
+    is a partition (sysfs puts a partition's folder inside its disk's)."""
+    own, above = {f"blk:{num}"}, set()
+    sys_dir = SYS_DEV_BLOCK / num
+    if (sys_dir / "partition").exists():
+        disk = (sys_dir.resolve().parent / "dev")
+        if disk.exists():
+            above.add(f"blk:{disk.read_text().strip()}")
+    backing = sys_dir / "loop" / "backing_file"
+    if backing.exists():
+        image = backing.read_text().strip()
+        try:
+            ist = os.stat(image)
+            own.add(f"file:{ist.st_dev}:{ist.st_ino}")
+        except OSError:
+            pass
+    return own, above
+
+
+def claim(owner: str, what: str, *paths: str) -> Claim:
+    own: set[str] = set()
+    above: set[str] = set()
+    for path in paths:
+        o, a = tokens(path)
+        own |= o
+        above |= a
+    return Claim(owner, what, frozenset(own), frozenset(above))
+
+
+def spec_claims(spec) -> list[Claim]:
+    out = []
+    for cache in spec.caches:
+        for role, ref in cache.devices().items():
+            path = ref.path or ref.loop.file
+            out.append(claim(cache.name, f"{cache.name}.{role} ({ref.label})", path))
+    return out
+
+
+def recorded_claims(state: dict) -> list[Claim]:
+    """What the mapping records for each cache: by-id links that still exist (a kernel
+    name may since belong to another disk), else the recorded node, and the image file."""
+    out = []
+    for name, entry in state.get("caches", {}).items():
+        for role, info in (entry.get("devices") or {}).items():
+            if not isinstance(info, dict):
+                continue
+            paths = [p for p in info.get("by_id") or [] if os.path.exists(p)]
+            if not paths and info.get("node"):
+                paths = [info["node"]]
+            if info.get("loop_file"):
+                paths.append(info["loop_file"])
+            shown = info.get("path") or info.get("loop_file") or info.get("node")
+            out.append(claim(name, f"the {role} device {shown} that the mapping records for "
+                                   f"cache {name}", *paths))
+    return out
+
+
+def conflicts(spec, state: dict) -> list[str]:
+    """Why devices of the spec are refused: named twice, or owned by another cache."""
+    mine = spec_claims(spec)
+    problems = []
+    for i, a in enumerate(mine):
+        for b in mine[i + 1:]:
+            if a.overlaps(b):
+                problems.append(f"{a.what} and {b.what} are the same device (or a disk and "
+                                "its partition); each device can serve one role of one cache")
+    for a in mine:
+        for b in recorded_claims(state):
+            if a.owner != b.owner and a.overlaps(b):
+                problems.append(f"{a.what} is {b.what}; hotcache will not give it to a second "
+                                f"cache, even with wipe: true (`hotcache teardown {b.owner}` "
+                                "frees it)")
+    return problems
