@@ -89,18 +89,21 @@ def spec_claims(spec) -> list[Claim]:
 
 
 def recorded_claims(state: dict) -> list[Claim]:
-    """What the mapping records for each cache: by-id links that still exist (a kernel
-    name may since belong to another disk), else the recorded node, and the image file."""
+    """What the mapping records for each cache: the image file of a loop device (its
+    /dev/loopN is whichever was free), else by-id links that still exist (a kernel name
+    may since belong to another disk), else the recorded node (failing closed)."""
     out = []
     for name, entry in state.get("caches", {}).items():
         for role, info in (entry.get("devices") or {}).items():
             if not isinstance(info, dict):
                 continue
-            paths = [p for p in info.get("by_id") or [] if os.path.exists(p)]
-            if not paths and info.get("node"):
-                paths = [info["node"]]
             if info.get("loop_file"):
-                paths.append(info["loop_file"])
+                # The image is the identity; its loop node is whichever was free.
+                paths = [info["loop_file"]]
+            else:
+                paths = [p for p in info.get("by_id") or [] if os.path.exists(p)]
+                if not paths and info.get("node"):
+                    paths = [info["node"]]
             shown = info.get("path") or info.get("loop_file") or info.get("node")
             out.append(claim(name, f"the {role} device {shown} that the mapping records for "
                                    f"cache {name}", *paths))

@@ -47,3 +47,18 @@ def test_a_stale_kernel_name_counts_only_when_no_by_id_link_is_left(tmp_path):
     assert owners.conflicts(new, named) == []
     os.unlink(link)        # the SSD is gone: fall back to the recorded node, fail closed
     assert len(owners.conflicts(new, named)) == 1
+
+
+def test_a_recorded_loop_node_that_now_serves_another_image_is_no_claim(tmp_path):
+    mine, theirs = tmp_path / "b.img", tmp_path / "a.img"
+    mine.write_bytes(b"b")
+    theirs.write_bytes(b"a")
+    new = HostSpec.model_validate({"caches": [{
+        "name": "b", "backend": "none", "origin": {"loop": {"file": str(mine), "size": "1G"}},
+        "filesystem": {"mountpoint": "/mnt/b"}}]})
+    # After a boot, cache a's old /dev/loop node may be the one b's image is attached to.
+    state = {"caches": {"a": {"devices": {"origin": {"node": str(mine),
+                                                     "loop_file": str(theirs)}}}}}
+    assert owners.conflicts(new, state) == []
+    state["caches"]["a"]["devices"]["origin"]["loop_file"] = str(mine)
+    assert len(owners.conflicts(new, state)) == 1
