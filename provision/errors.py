@@ -121,6 +121,13 @@ class LockTimeout(WaitTimeout):
     """Another hotcache run held the mapping's lock for longer than we were told to wait."""
 
 
+class FlushIncomplete(HotcacheError):
+    """A cache stopped being live (failing origin, stopped device) before its dirty data
+    was written back: teardown stops and keeps the cache, its entry and its unit."""
+
+    exit_code = ExitCode.FAILED
+
+
 class DataRootError(HotcacheError):
     """The training adapters: DATA_ROOT is unset, missing, or not the hot copy asked for."""
 

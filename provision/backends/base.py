@@ -24,6 +24,11 @@ class Backend:
         """True when the signatures on `dev` are the ones this cache put there."""
         raise NotImplementedError
 
+    def signature(self, entry: dict, role: str) -> tuple | None:
+        """The signature a built cache left on its `role` device, as blkid shows it:
+        (TYPE, UUID or None); () for a device left without one; None: nothing to check."""
+        return None
+
     def build(self, p: "Planner", spec: "CacheSpec", entry: dict | None,
               devs: dict[str, "Device"]) -> "str | Ref":
         """Queue the steps that make the cached block device; return its node."""
@@ -38,6 +43,11 @@ class Backend:
         """True when the cached device, even if it does not exist yet (being brought
         back after a boot), will show the filesystem hotcache already made on it."""
         return False
+
+    def live(self, entry: dict, runner: "Runner") -> str | None:
+        """Why the cache is not live now (its tables not loaded, its device not
+        registered), so that teardown cannot flush it; None: it is live."""
+        return None
 
     def stats(self, entry: dict, runner: "Runner") -> dict:
         return {}

@@ -13,7 +13,7 @@ import os
 import uuid
 
 from hotcache.provision.backends import bcache_sysfs as sb
-from hotcache.provision.errors import HotcacheError, KernelUnsupported
+from hotcache.provision.errors import FlushIncomplete, HotcacheError, KernelUnsupported
 from hotcache.provision.engine.plan import Ref
 from hotcache.provision.system.waits import wait_until
 from hotcache.provision.backends import state
@@ -61,7 +61,11 @@ class Bcache(Backend):
     def owns(self, entry, dev):
         st = state.of(entry)
         ours = {st.get("cache_uuid"), st.get("backing_uuid")} - {None}
-        return dev.fs.get("TYPE") == "bcache" and dev.fs.get("UUID") in ours
+        return dev.proven and dev.fs.get("TYPE") == "bcache" and dev.fs.get("UUID") in ours
+
+    def signature(self, entry, role):
+        recorded = state.of(entry).get("backing_uuid" if role == "origin" else "cache_uuid")
+        return ("bcache", recorded) if recorded else None
 
     def keeps_filesystem(self, entry, devs):
         return (entry or {}).get("state") == "ready" and self.owns(entry, devs["origin"])
@@ -141,8 +145,25 @@ class Bcache(Backend):
                  lambda ctx, k=key, v=value: sb.write(
                      sb.tunable_path(k, ctx.resolve(node), cset), str(v)))
 
+    def live(self, entry, runner):
+        from hotcache.provision.backends.recorded import current_node
+
+        st = state.of(entry)
+        node, cset = current_node(entry, "origin", runner), st.get("cset_uuid")
+        if node is None:
+            return "its origin (the bcache backing device) is not present"
+        if not sb.is_registered(node):
+            return f"the bcache backing device {node} is not registered with the kernel"
+        attached = sb.attached_set(node)
+        if attached is None and sb.read(sb.bdev_dir(node) / "state") != "no cache":
+            return (f"{node} is registered but not attached to its cache set {cset} "
+                    f"(state {sb.read(sb.bdev_dir(node) / 'state')})")
+        if attached is not None and attached != cset:
+            return f"{node} is attached to another cache set {attached}"
+        return None
+
     def stats(self, entry, runner):
-        from hotcache.provision.engine.status import current_node
+        from hotcache.provision.backends.recorded import current_node
 
         st = state.of(entry)
         node, cset = current_node(entry, "origin"), st.get("cset_uuid")
@@ -175,17 +196,18 @@ class Bcache(Backend):
 
     def dismantle(self, p, entry):
         from hotcache.provision.engine.restore import remove_unit
-        from hotcache.provision.engine.status import current_node
+        from hotcache.provision.backends.recorded import current_node
 
         st = state.of(entry)
-        node, cset = current_node(entry, "origin"), st.get("cset_uuid")
+        node, cset = current_node(entry, "origin", p.env.runner), st.get("cset_uuid")
         if node and sb.is_registered(node):
             if sb.attached_set(node):
                 p.do("detach the cache set (bcache first writes every dirty block back to "
                      "the origin) and wait for state `no cache`", lambda ctx: detach(node))
             p.do(f"stop the bcache device on {node}", lambda ctx: stop_backing(node))
         if cset and sb.set_dir(cset).is_dir():
-            p.do(f"unregister cache set {cset}", lambda ctx: unregister_set(cset))
+            p.do(f"unregister cache set {cset} (only once no backing device is attached)",
+                 lambda ctx: unregister_set(cset))
         remove_unit(p, p.cache)
         if node:
             p.plan.notes.append(f"{node} keeps its bcache superblock; the filesystem on it "
@@ -248,19 +270,46 @@ def wait_for_link(bdev_uuid: str) -> str:
     return str(link)
 
 
-def detach(origin_node: str) -> None:
+def detach(origin_node: str, **wait) -> None:
+    """Detach the cache set, which makes bcache write every dirty block back first, and
+    wait until the backing device says `no cache`. The device going away meanwhile (a
+    failing origin stops it) is an error: the flush did not complete."""
+    from hotcache.provision.system.waits import wait_drained
+
     d = sb.bdev_dir(origin_node)
+    running = d / "writeback_running"
+    if running.exists() and sb.read(running) != "1":
+        sb.write(running, "1")     # 0 would hold every dirty block on the SSD
+    cset = sb.attached_set(origin_node)
     sb.write(d / "detach", "1")
 
-    def detached():
+    def remaining():
         if not d.is_dir():
-            return True, "gone"
+            raise FlushIncomplete(
+                f"the bcache device on {origin_node} stopped before its dirty data was "
+                "written back (a failing origin stops it: see `dmesg`); the cache set "
+                f"{cset}, the mapping entry and the boot unit are kept",
+                hint="fix the origin, `hotcache restore` to register it again, then run "
+                     "teardown again")
         st = sb.read(d / "state")
-        return st == "no cache", f"state {st}, {sb.read(d / 'dirty_data')} dirty"
-    wait_until(f"bcache to write back dirty data from {origin_node} and detach", detached,
-               timeout=flush_timeout(),
-               hint="dirty data is still on the SSD; keep the cache and run teardown again "
-                    "(HOTCACHE_FLUSH_TIMEOUT sets how long to wait)")
+        if st == "no cache":
+            return 0, "detached"
+        dirty = sb.parse_human(sb.read(d / "dirty_data"))
+        return dirty + 1, f"state {st}, {sb.read(d / 'dirty_data')} dirty"
+
+    def diagnose():
+        if not d.is_dir():
+            return "the bcache device is gone"
+        rate = d / "writeback_rate"
+        return (f"state {sb.read(d / 'state')}, {sb.read(d / 'dirty_data')} dirty, writeback "
+                f"running {sb.read(running) if running.exists() else '?'}, rate "
+                f"{sb.read(rate) if rate.exists() else '?'}. An origin that returns I/O errors "
+                "holds it (see `dmesg`). The cache set and its dirty data are kept: fix the "
+                "origin, then run teardown again")
+    wait_drained(f"bcache to write back dirty data from {origin_node} and detach", remaining,
+                 timeout=flush_timeout(), diagnose=diagnose,
+                 hint="dirty data is still on the SSD; keep the cache and run teardown again "
+                      "(HOTCACHE_FLUSH_TIMEOUT sets how long to wait)", **wait)
 
 
 def stop_backing(origin_node: str) -> None:
@@ -272,7 +321,14 @@ def stop_backing(origin_node: str) -> None:
 
 
 def unregister_set(cset: str) -> None:
+    """Unregister a cache set that no backing device uses any more: a set with a backing
+    device still attached may hold its dirty data, and unregistering it loses that."""
     d = sb.set_dir(cset)
+    attached = sorted(p.name for p in d.glob("bdev*")) if d.is_dir() else []
+    if attached:
+        raise FlushIncomplete(f"cache set {cset} still has {', '.join(attached)} attached and "
+                              "may hold its dirty data; it was not unregistered",
+                              hint="run teardown again once the detach has finished")
     if d.is_dir():
         sb.write(d / "unregister", "1")
     wait_until(f"bcache to unregister cache set {cset}",

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 
 from hotcache.provision.backends.dmtable import CacheTable, cache_stats, parse_status, parse_table
 from hotcache.provision.block import probe
-from hotcache.provision.errors import CommandFailed, HotcacheError
+from hotcache.provision.errors import CommandFailed, FlushIncomplete, HotcacheError
 from hotcache.provision.engine.plan import Ref
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.waits import wait_until
@@ -79,16 +80,29 @@ class DmCache(Backend):
         if not st.get("data_sectors"):
             return False
         recorded = (entry or {}).get("filesystem", {}).get("uuid")
-        if dev.role == "origin" and recorded and dev.fs.get("UUID") == recorded:
+        if dev.role == "origin" and dev.proven and recorded and dev.fs.get("UUID") == recorded:
             return True
+        if not dev.proven:
+            return False    # the metadata has no signature: only identity tells whose it is
         holders = dev.report.holders if dev.report else []
         names = set(st.get("names", {}).values())
         return bool(holders) and all(_dm_name(h) in names for h in holders) \
             or (dev.role == "cache" and not dev.fs)
 
+    def signature(self, entry, role):
+        if role == "cache":
+            return ()       # dm-cache metadata carries nothing blkid knows
+        return ("xfs", (entry or {}).get("filesystem", {}).get("uuid"))
+
+    def live(self, entry, runner):
+        names = state.of(entry).get("names") or dm_names(entry["spec"]["name"])
+        if live_table(names["cache"], runner) is None:
+            return f"its dm-cache table {names['cache']} is not loaded"
+        return None
+
     def keeps_filesystem(self, entry, devs):
         recorded = (entry or {}).get("filesystem", {}).get("uuid")
-        return (entry or {}).get("state") == "ready" and bool(recorded) \
+        return devs["origin"].proven and bool(recorded) \
             and devs["origin"].fs.get("UUID") == recorded
 
     def geometry(self, p, spec, st, devs) -> dict:
@@ -116,7 +130,9 @@ class DmCache(Backend):
         geo = self.geometry(p, spec, st, devs)
         if p.refusals:
             return f"/dev/mapper/{names['cache']}"
-        fresh = not st.get("data_sectors") or not self.owns(entry, origin)
+        # Metadata is zeroed only for a cache never built: once the geometry is recorded
+        # the metadata describes blocks (dirty ones in writeback) that must not be lost.
+        fresh = not st.get("data_sectors")
         meta, data = geo["meta_sectors"], geo["data_sectors"]
         want = CacheTable(origin.size // 512, f"/dev/mapper/{names['meta']}",
                           f"/dev/mapper/{names['data']}", "ORIGIN", geo["block_sectors"],
@@ -182,8 +198,11 @@ class DmCache(Backend):
                   "back to the origin", ["dmsetup", "reload", names["cache"], "--table",
                                          cleaner.render()])
             p.run("activate the cleaner table", ["dmsetup", "resume", names["cache"]])
+            p.do("check that the loaded table can write back (cleaner active, "
+                 f"migration_threshold at least {MIN_MIGRATION})",
+                 lambda ctx: ctx.runner.dry_run or ensure_writeback(names["cache"], ctx.runner))
             p.do("wait until the cache holds 0 dirty blocks",
-                 lambda ctx: wait_clean(names["cache"], ctx.runner))
+                 lambda ctx: ctx.runner.dry_run or wait_clean(names["cache"], ctx.runner))
             p.run("remove the cache device", ["dmsetup", "remove", "--retry", names["cache"]])
         for part in ("data", "meta"):
             if live_table(names[part], runner) is not None:
@@ -206,14 +225,62 @@ def _dm_name(kname: str) -> str | None:
         return None
 
 
-def wait_clean(name: str, runner: Runner) -> None:
-    def clean():
-        try:
-            st = parse_status(runner.run(["dmsetup", "status", name]).stdout)
-        except CommandFailed as exc:
-            return False, str(exc)
-        return st["dirty_blocks"] == 0, f"{st['dirty_blocks']} dirty blocks"
-    wait_until(f"dm-cache {name} to write its dirty blocks back", clean,
-               timeout=flush_timeout(), interval=1.0,
-               hint="the cache still holds dirty blocks and was NOT removed; run teardown "
-                    "again to keep flushing (HOTCACHE_FLUSH_TIMEOUT sets how long to wait)")
+MIN_MIGRATION = 2048   # sectors a migration may move at once: the kernel's default
+
+
+def cache_status(name: str, runner: Runner) -> dict:
+    """The parsed `dmsetup status` of a live cache; the table going away mid-flush is an
+    error that keeps everything (the dirty blocks are still on the SSD)."""
+    try:
+        return parse_status(runner.run(["dmsetup", "status", name]).stdout)
+    except CommandFailed as exc:
+        raise FlushIncomplete(
+            f"dm-cache {name} stopped being live before its dirty blocks were written back "
+            f"({exc.message}); the SSD, the mapping entry and the boot unit are kept",
+            hint="`hotcache restore` loads it again; then run teardown again") from None
+
+
+def ensure_writeback(name: str, runner: Runner, say=None) -> None:
+    """Before waiting on a flush: the loaded table must be able to write back. The cleaner
+    policy must be active and migration_threshold large enough (0 holds every dirty
+    block); a low threshold is raised in place and read back."""
+    say = say or sys.stderr.write
+    st = cache_status(name, runner)
+    if st["policy"] != "cleaner":
+        raise FlushIncomplete(f"dm-cache {name} runs policy {st['policy']} after the cleaner "
+                              "was loaded, so its dirty blocks would never be written back; "
+                              "nothing was removed",
+                              hint=f"check `dmsetup table {name}`, then run teardown again")
+    threshold = int(st["core_args"].get("migration_threshold", MIN_MIGRATION))
+    if threshold >= MIN_MIGRATION:
+        return
+    runner.run(["dmsetup", "message", name, "0", "migration_threshold", str(MIN_MIGRATION)])
+    now = int(cache_status(name, runner)["core_args"].get("migration_threshold", 0))
+    if now < MIN_MIGRATION:
+        raise FlushIncomplete(f"dm-cache {name}: migration_threshold stays {now} sectors after "
+                              f"setting it to {MIN_MIGRATION}; writeback cannot proceed")
+    say(f"  dm-cache {name}: migration_threshold was {threshold} sectors, which holds "
+        f"writeback back; set to {MIN_MIGRATION}\n")
+
+
+def diagnose(name: str, runner: Runner) -> str:
+    st = cache_status(name, runner)
+    meta = st["metadata_mode"] + (", needs_check" if st["needs_check"] else "")
+    return (f"{st['dirty_blocks']} dirty blocks are held (policy {st['policy']}, "
+            f"migration_threshold {st['core_args'].get('migration_threshold', '?')}, metadata "
+            f"{meta}). An origin that returns I/O errors holds them (see `dmesg`), or a "
+            f"changed table (`dmsetup table {name}`). The cache and its dirty blocks are kept: "
+            "fix the origin, then run teardown again")
+
+
+def wait_clean(name: str, runner: Runner, **wait) -> None:
+    from hotcache.provision.system.waits import wait_drained
+
+    def remaining():
+        st = cache_status(name, runner)
+        return st["dirty_blocks"], f"{st['dirty_blocks']} dirty blocks"
+    wait_drained(f"dm-cache {name} to write its dirty blocks back", remaining,
+                 timeout=flush_timeout(), diagnose=lambda: diagnose(name, runner),
+                 hint="the cache still holds dirty blocks and was NOT removed; run teardown "
+                      "again to keep flushing (HOTCACHE_FLUSH_TIMEOUT sets how long to wait)",
+                 **wait)

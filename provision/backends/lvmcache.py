@@ -122,9 +122,25 @@ class LvmCache(Backend):
                 # mounted, held or root LV goes through the refusals like any device.
                 return True
         vg = st.get("vg")
-        if not vg or dev.fs.get("TYPE") != "LVM2_member" or not isinstance(dev.node, str):
+        if not vg or not dev.proven or dev.fs.get("TYPE") != "LVM2_member" \
+                or not isinstance(dev.node, str):
             return False
         return pv_vg(Runner(), dev.node) == vg
+
+    def signature(self, entry, role):
+        st = state.of(entry)
+        if role == "origin" and st.get("adopted"):
+            return ("xfs", (entry or {}).get("filesystem", {}).get("uuid"))
+        return ("LVM2_member", (st.get("pv_uuids") or {}).get(role))
+
+    def live(self, entry, runner):
+        vg, lv, _ = names(entry, entry["spec"]["name"])
+        info = lv_info(runner, vg, lv)
+        if info is None:
+            return f"LVM does not see the logical volume {vg}/{lv} (are its disks present?)"
+        if info.get("segtype") == "cache" and info["lv_attr"][4:5] != "a":
+            return f"the cached logical volume {vg}/{lv} is not active"
+        return None
 
     def adopted_fs_uuid(self, devs):
         origin = devs["origin"]
@@ -211,8 +227,8 @@ class LvmCache(Backend):
 
     def dismantle(self, p, entry):
         from hotcache.provision.engine.restore import remove_unit
-        from hotcache.provision.engine.status import current_node
-        from hotcache.provision.backends.dmcache import wait_clean
+        from hotcache.provision.backends.recorded import current_node
+        from hotcache.provision.backends.dmcache import MIN_MIGRATION, ensure_writeback, wait_clean
 
         vg, lv, _ = names(entry, p.cache)
         info = lv_info(p.env.runner, vg, lv)
@@ -224,8 +240,11 @@ class LvmCache(Backend):
                                             f"{vg}/{lv}"))
             p.run("load the cleaner into the active cache (lvchange alone does not)",
                   lvm("lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
+            p.do("check that the loaded table can write back (cleaner active, "
+                 f"migration_threshold at least {MIN_MIGRATION})",
+                 lambda ctx: ctx.runner.dry_run or ensure_writeback(_dm_name(node), ctx.runner))
             p.do("wait until the cache holds 0 dirty blocks",
-                 lambda ctx: wait_clean(_dm_name(node), ctx.runner))
+                 lambda ctx: ctx.runner.dry_run or wait_clean(_dm_name(node), ctx.runner))
             p.run(f"detach and remove the cache volume (lvm flushes it first); "
                   f"{vg}/{lv} keeps the data",
                   lvm("lvconvert", "--yes", "--uncache", f"{vg}/{lv}"))

@@ -11,7 +11,10 @@ class Plain(Backend):
 
     def owns(self, entry, dev):
         recorded = (entry or {}).get("filesystem", {}).get("uuid")
-        return bool(recorded) and dev.fs.get("UUID") == recorded
+        return dev.proven and bool(recorded) and dev.fs.get("UUID") == recorded
+
+    def signature(self, entry, role):
+        return ("xfs", entry.get("filesystem", {}).get("uuid"))
 
     def build(self, p, spec, entry, devs):
         return devs["origin"].node

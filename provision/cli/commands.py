@@ -347,14 +347,22 @@ def _over_interval(rows, path, fstab, name, seconds: float) -> list[dict]:
 def teardown(
     name: str = typer.Argument(..., help="The cache to take down."),
     yes: bool = YesOpt,
-    wipe: bool = typer.Option(False, "--wipe", help="Also erase signatures on its devices."),
+    wipe: bool = typer.Option(False, "--wipe", help="Also erase signatures on its devices "
+                              "(each found by its recorded identity, never by kernel name)."),
+    forget: bool = typer.Option(False, "--forget", help="Only remove the entry (and its fstab "
+                                "line and boot unit) of a cache that is not live because its "
+                                "devices are gone for good; says what is lost first. Touches "
+                                "no device."),
     remove_images: bool = typer.Option(False, "--remove-images",
                                        help="Delete the image files of a loop-backed cache "
                                             "(and the data on them) once detached."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
 ):
-    """Unmount, flush dirty cache data, remove the boot entry, dismantle the cache, detach
+    """Unmount, flush dirty cache data, dismantle the cache, remove the boot entry, detach
     loop devices and forget it in the mapping. The data stays on the origin device.
+
+    A cache that is not live (after a boot, before `hotcache restore NAME`) is refused:
+    restore it, then tear it down. Nothing is reported done unless the flush completed.
 
     A loop-backed cache's image files are kept (the plan says so) and stay known as
     hotcache's, so applying the same spec again mounts them again; --remove-images
@@ -364,14 +372,15 @@ def teardown(
     need_root("teardown")
     env = make_env(state, fstab)
     with holding_state(env, f"teardown {name}"):
-        result = plan_teardown(name, env, wipe=wipe, remove_images=remove_images)
+        result = plan_teardown(name, env, wipe=wipe, forget=forget, remove_images=remove_images)
         if not as_json:
             show_plan(result, "teardown")
-        confirm(f"take {name} down ({len(result.steps)} steps)", yes)
+        what = f"forget {name}" if forget else f"take {name} down"
+        confirm(f"{what} ({len(result.steps)} steps)", yes)
         _run_steps(result, env, quiet=as_json)
     if as_json:
         return emit({"changed": True, **result.to_json()})
-    console().print(f"[green]done[/]: {name} is down")
+    console().print(f"[green]done[/]: {name} is " + ("forgotten" if forget else "down"))
 
 
 @app.command()

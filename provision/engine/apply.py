@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotcache.provision import mapping
-from hotcache.provision.block import blockdev
+from hotcache.provision.backends import recorded
+from hotcache.provision.block import blockdev, identity
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
 from hotcache.provision.errors import KernelUnsupported, ProbeFailed, RefusedError
@@ -49,13 +50,17 @@ class Device:
     fs: dict = field(default_factory=dict)      # blkid's TYPE/UUID/LABEL
     image_signatures: list[dict] = field(default_factory=list)
     image_data: int = 0              # bytes an existing loop image holds (allocated)
+    # Identity proven to be the device the mapping entry recorded (by-id, serial, WWN,
+    # partition UUID, loop image, hotcache's signature): only then can it be "ours".
+    proven: bool = False
 
 
 class Planner:
     """Collects steps for one cache, and the refusals found on the way."""
 
-    def __init__(self, env: Env, cache: str, plan: Plan):
+    def __init__(self, env: Env, cache: str, plan: Plan, *, restoring: bool = False):
         self.env, self.cache, self.plan = env, cache, plan
+        self.restoring = restoring      # `hotcache restore`: bring back, never build
         self.refusals: list[str] = []
         self.start = len(plan.steps)
         self.known_images: set[str] = set()   # image files the mapping says hotcache made
@@ -144,6 +149,59 @@ def _image_data(image: str) -> int:
     return st.st_blocks * 512 if st.st_size else 0
 
 
+def resolve_recorded(p: Planner, role: str, ref: DeviceRef, entry: dict,
+                     roots: set[str]) -> Device | None:
+    """A device of a cache already in the mapping, found by its recorded identity, never
+    by the name in the spec; None (with a refusal) when it cannot be proven."""
+    found = recorded.locate(entry, role, p.env.runner, cache=p.cache)
+    at = f"{p.cache}.{role}"
+    if found.problem:
+        p.refuse(f"{at}: {found.problem}")
+        return None
+    if found.moved:
+        p.plan.notes.append(found.moved)
+    if found.node is None:
+        info = entry["devices"][role]
+        if ref.loop is not None and info.get("loop_file") == os.path.realpath(ref.loop.file):
+            dev = resolve(p, role, ref, roots)   # the image, attached again
+            dev.proven = True
+            return dev
+        p.refuse(f"{at}: the device it was built on, {recorded.describe_recorded(info)}, is "
+                 "not present under any name")
+        return None
+    named = _named_now(ref)
+    if named != found.node:
+        info = entry["devices"][role]
+        same_ref = ref.path == info.get("path") if ref.path else \
+            os.path.realpath(ref.loop.file) == info.get("loop_file")
+        if not same_ref:
+            p.refuse(f"{at}: the spec names {ref.label} ({named or 'not present'}), but "
+                     f"{p.cache} was built on {found.seen.describe()}; moving a cache to "
+                     f"other devices needs `hotcache teardown {p.cache}` first")
+            return None
+        if not found.moved:
+            p.plan.notes.append(f"{at}: {ref.label} now names {named or 'nothing'}, not the "
+                                f"device {p.cache} was built on; using "
+                                f"{found.seen.describe()}, found by its identity")
+    node = found.node
+    rep = blockdev.report(node, p.env.runner, roots=roots)
+    return Device(role, ref, node, True, rep.size, rep, _fs(node, rep, p.env.runner),
+                  proven=True)
+
+
+def _named_now(ref: DeviceRef) -> str | None:
+    """The node the spec's reference names today (None: nothing there)."""
+    if ref.loop is not None:
+        return blockdev.loop_for_file(ref.loop.file)
+    return os.path.realpath(ref.path) if os.path.exists(ref.path) else None
+
+
+def first_build(p: Planner, entry: dict | None) -> bool:
+    """`wipe: true` is consent for the first build only: never replayed by restore, nor
+    by an apply of a cache the mapping records as built."""
+    return not p.restoring and (entry is None or entry.get("state") == "building")
+
+
 def preflight(p: Planner, backend, spec: CacheSpec, entry: dict | None, dev: Device,
               min_size: int) -> None:
     """Refuse what is unsafe; queue a wipe where the spec consented to one."""
@@ -178,6 +236,11 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: dict | None, dev: Dev
     if not sigs and not foreign:
         return
     kinds = ", ".join(sorted({s.get("type", "?") for s in sigs}))
+    if dev.ref.wipe and not first_build(p, entry):
+        p.refuse(f"{at}: it carries signatures ({kinds}) that are not the ones hotcache "
+                 f"wrote for {spec.name}. `wipe: true` was consent for the first build "
+                 "only; it is not used again on a cache already built")
+        return
     if not dev.ref.wipe:
         why = [f"it carries signatures ({kinds})"] if sigs else []
         if foreign:
@@ -196,14 +259,19 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: dict | None, dev: Dev
 
 # --- planning --------------------------------------------------------------------
 
-def plan_apply(spec: HostSpec, env: Env) -> Plan:
+def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
     plan = Plan()
     state = mapping.load(env.state)
     refusals: list[str] = owners.conflicts(spec, state)
     for cache in spec.caches:
-        p = Planner(env, cache.name, plan)
+        p = Planner(env, cache.name, plan, restoring=restoring)
         p.known_images = images.made_by_hotcache(state, cache.name)
         entry = state["caches"].get(cache.name)
+        if restoring and (entry or {}).get("state") != "ready":
+            refusals.append(f"{cache.name}: its first apply did not finish (state "
+                            f"{(entry or {}).get('state')!r}); restore only brings back a "
+                            "built cache. Run `hotcache apply SPEC` with its spec to finish it")
+            continue
         if entry is not None and entry.get("backend") != cache.backend:
             refusals.append(f"{cache.name}: it was built with backend {entry.get('backend')}; "
                             f"changing to {cache.backend} needs `hotcache teardown "
@@ -237,7 +305,16 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
     for program in backend.programs:
         require(program)
     roots = blockdev.root_devices(p.env.runner)
-    devs = {role: resolve(p, role, ref, roots) for role, ref in spec.devices().items()}
+    devs = {}
+    for role, ref in spec.devices().items():
+        if (entry or {}).get("devices", {}).get(role):
+            dev = resolve_recorded(p, role, ref, entry, roots)
+        else:
+            dev = resolve(p, role, ref, roots)
+        if dev is not None:
+            devs[role] = dev
+    if p.refusals:
+        return
     min_size = MIN_XFS_BYTES if spec.backend == "none" else 64 * 2**20
     for dev in devs.values():
         preflight(p, backend, spec, entry, dev, min_size)
@@ -254,8 +331,18 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
     target = backend.build(p, spec, entry, devs)
     target_dev = _target_device(spec, devs, target, p.env.runner)
     # A cache brought back after a boot (restore) appears only when its steps run; its
-    # backend knows the filesystem is already on it.
-    if target_dev.fs.get("UUID") != fs_uuid and not backend.keeps_filesystem(entry, devs):
+    # backend knows the filesystem is already on it. A filesystem the mapping records as
+    # made is never made again: its device must show it, or nothing goes on.
+    made = (entry or {}).get("state") == "ready" or p.restoring
+    if made and target_dev.present and target_dev.fs.get("UUID") != fs_uuid:
+        p.refuse(f"{spec.name}: {target} shows {_fs_shown(target_dev)}, not the filesystem "
+                 f"{fs_uuid} hotcache made on it; hotcache will not format a recorded "
+                 "filesystem. Check the devices (`hotcache status`)")
+        return
+    if made and not target_dev.present:
+        p.do(f"check that {target} shows the filesystem {fs_uuid} before mounting it",
+             lambda ctx: _check_filesystem(ctx, target, fs_uuid, spec.name))
+    elif target_dev.fs.get("UUID") != fs_uuid and not backend.keeps_filesystem(entry, devs):
         p.run(f"format {target} as XFS, label {fs_label(spec)}",
               ["mkfs.xfs", "-L", fs_label(spec), "-m", f"uuid={fs_uuid}", "-s", "size=4096",
                target], destructive=True)
@@ -263,9 +350,28 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
     mounting = _plan_mount(p, spec, entry, target, target_dev)
     _plan_persist(p, spec, fs_uuid, entry)
     _plan_owner(p, spec, mounting)
-    if p.changed or building or _entry_drifted(entry, spec):
+    if p.changed or building or _entry_drifted(entry, spec) or _identity_missing(entry):
         p.do(f"record {spec.name} in the mapping as ready",
              lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, target, "ready"))
+
+
+def _fs_shown(dev: Device) -> str:
+    if not dev.fs.get("TYPE"):
+        return "no filesystem"
+    return f"{dev.fs['TYPE']} {dev.fs.get('UUID', '')}".strip()
+
+
+def _check_filesystem(ctx: RunContext, target, fs_uuid: str, name: str) -> None:
+    if ctx.runner.dry_run:
+        return
+    node = ctx.resolve(target)
+    seen = blockdev.fs_identity(node, ctx.runner)
+    if seen.get("UUID") != fs_uuid:
+        raise RefusedError(f"{name}: {node} shows {seen.get('TYPE') or 'no filesystem'} "
+                           f"{seen.get('UUID') or ''}, not the filesystem {fs_uuid} hotcache "
+                           "made; it was not mounted and nothing was formatted",
+                           hint="check the devices with `hotcache status`; restore again "
+                                "once the right disks are present")
 
 
 def _target_device(spec: CacheSpec, devs: dict[str, Device], target, runner: Runner) -> Device:
@@ -351,6 +457,11 @@ def _owner_ids(owner: str) -> tuple[int, int | None]:
     return uid, gid
 
 
+def _identity_missing(entry: dict | None) -> bool:
+    """An entry written before identities were recorded: record them now."""
+    return any("identity" not in info for info in (entry or {}).get("devices", {}).values())
+
+
 def _entry_drifted(entry: dict | None, spec: CacheSpec) -> bool:
     if entry is None:
         return True
@@ -366,14 +477,13 @@ def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
     for role, dev in devs.items():
         node = ctx.resolve(dev.node) if isinstance(dev.node, Ref) else dev.node
         info = {"node": node, "size": dev.size}
+        if os.path.exists(node):
+            info = identity.record(identity.probe(blockdev.kname(node), ctx.runner))
         if dev.ref.path:
             info["path"] = dev.ref.path
         if dev.ref.loop:
             info["loop_file"] = os.path.realpath(dev.ref.loop.file)
             loop_files.append(info["loop_file"])
-        if os.path.exists(node):
-            info["size"] = blockdev.size_bytes(node)
-            info["by_id"] = blockdev.by_id_links(node)
         devices[role] = info
     cached = None
     if target is not None:

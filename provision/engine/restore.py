@@ -131,8 +131,17 @@ def recorded_spec(state_path: Path, names: list[str] | None = None):
         if not recorded:
             raise UsageError(f"{name}: the mapping {state_path} holds no spec for it; "
                              "run `hotcache apply SPEC` once")
-        caches.append(CacheSpec.model_validate(recorded))
+        caches.append(CacheSpec.model_validate(_without_wipe(recorded)))
     return HostSpec(caches=caches)
+
+
+def _without_wipe(spec: dict) -> dict:
+    """`wipe: true` was consent for the first build; a restore never replays it."""
+    out = dict(spec)
+    for role in ("origin", "cache"):
+        if isinstance(out.get(role), dict):
+            out[role] = {k: v for k, v in out[role].items() if k != "wipe"}
+    return out
 
 
 def wait_for_devices(host) -> None:
@@ -153,7 +162,7 @@ def plan_restore(env, names: list[str] | None = None):
     host = recorded_spec(env.state, names)
     wait_for_devices(host)
     _load_modules(env.runner, host)
-    return plan_apply(host, env)
+    return plan_apply(host, env, restoring=True)
 
 
 def _load_modules(runner, host) -> None:

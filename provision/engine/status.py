@@ -8,20 +8,14 @@ from hotcache.provision import mapping
 from hotcache.provision.block import blockdev
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
+from hotcache.provision.backends import recorded
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.system.runner import Runner
 
 
-def current_node(entry: dict, role: str = "origin") -> str | None:
-    """The device's node now: loop devices are found again by their backing file, and
-    devices named by path or by-id through those links (kernel names can move)."""
-    info = entry.get("devices", {}).get(role, {})
-    if info.get("loop_file"):
-        return blockdev.loop_for_file(info["loop_file"])
-    for candidate in [info.get("path"), *info.get("by_id", []), info.get("node")]:
-        if candidate and os.path.exists(candidate):
-            return os.path.realpath(candidate)
-    return None
+def current_node(entry: dict, role: str = "origin", runner: Runner | None = None) -> str | None:
+    """The recorded device's node now, found by identity (kernel names move)."""
+    return recorded.current_node(entry, role, runner)
 
 
 def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
@@ -30,10 +24,17 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
     problems: list[str] = []
     devices = {}
     for role in entry.get("devices", {}):
-        node = current_node(entry, role)
-        devices[role] = {"node": node, "present": node is not None}
-        if node is None:
+        try:
+            found = recorded.locate(entry, role, runner, cache=name)
+        except HotcacheError as exc:
+            found = recorded.Found(role, problem=f"{role} device: {exc.message}")
+        devices[role] = {"node": found.node, "present": found.node is not None}
+        if found.problem:
+            problems.append(found.problem)
+        elif found.node is None:
             problems.append(f"{role} device is missing ({_describe(entry, role)})")
+        if found.moved:
+            problems.append(found.moved)
     if entry.get("state") != "ready":
         problems.append(f"state is {entry.get('state')!r}: an apply did not finish; run "
                         "`hotcache apply` again")

@@ -1,11 +1,18 @@
-"""Take a cache down without losing a byte: unmount, drop the boot entry, let the backend
-flush and dismantle, optionally wipe, detach loop devices, forget it in the mapping."""
+"""Take a cache down without losing a byte: unmount, let the backend flush and dismantle,
+drop the boot entry, optionally wipe, detach loop devices, forget it in the mapping.
+
+A cache that is not live (tables not loaded, backing device not registered: after a boot
+before `hotcache restore`) cannot be flushed, so its teardown is refused: what it holds
+(dirty blocks, the geometry that describes them) would be lost. `--forget` removes the
+entry of a cache whose devices are gone for good, after saying what is lost.
+"""
 
 from __future__ import annotations
 
 import os
 
 from hotcache.provision import mapping
+from hotcache.provision.backends import recorded
 from hotcache.provision.block import blockdev
 from hotcache.provision.block import busy
 from hotcache.provision.system import fstab
@@ -14,10 +21,9 @@ from hotcache.provision.engine import images
 from hotcache.provision.engine.apply import Env, Planner
 from hotcache.provision.errors import RefusedError, UsageError
 from hotcache.provision.engine.plan import Plan
-from hotcache.provision.engine.status import current_node
 
 
-def plan_teardown(name: str, env: Env, *, wipe: bool = False,
+def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = False,
                   remove_images: bool = False) -> Plan:
     data = mapping.load(env.state)
     entry = data["caches"].get(name)
@@ -25,6 +31,23 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False,
         known = ", ".join(data["caches"]) or "none"
         raise UsageError(f"no cache named {name!r} in the mapping {env.state} (known: {known})",
                          hint="`hotcache status` lists the caches hotcache built")
+    if wipe and forget:
+        raise UsageError("--forget touches no device, so it cannot --wipe",
+                         hint=f"`hotcache teardown {name} --forget` alone")
+    backend = get_backend(entry["backend"])
+    why = backend.live(entry, env.runner)
+    if forget:
+        return _plan_forget(name, entry, env, why)
+    if why:
+        raise RefusedError(
+            f"{name} is not live: {why}. Its teardown would skip the flush and lose what "
+            "the cache holds (dirty blocks in writeback, and what describes them); nothing "
+            "was changed",
+            hint=f"`hotcache restore {name}`, then `hotcache teardown {name}`. If its devices "
+                 f"are gone for good, `hotcache teardown {name} --forget` removes the entry")
+    # Every device is proven to be the recorded one before anything is touched.
+    nodes = {role: recorded.require(entry, role, env.runner, cache=name).node
+             for role in entry.get("devices", {})}
     plan = Plan()
     p = Planner(env, name, plan)
     mp = entry.get("filesystem", {}).get("mountpoint")
@@ -36,25 +59,21 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False,
                                hint="stop those processes (training jobs, shells cd'ed "
                                     "into it) and run teardown again")
         p.run(f"flush and unmount {mp}", ["umount", mp])
-    persisted = entry.get("persist", {}).get("fstab")
-    if persisted:
-        path = fstab.fstab_path(persisted)  # the file apply wrote, wherever it was
-        fs_uuid = entry.get("filesystem", {}).get("uuid")
-        if fstab.has_marker(path, name):
-            p.do(f"remove the entry of {name} from {path} (only a line that mounts its "
-                 f"UUID on {mp} goes with its marker)",
-                 lambda ctx: fstab.set_entry(path, name, None, fs_uuid, [mp]))
-    get_backend(entry["backend"]).dismantle(p, entry)
+    # The backend flushes first: if that fails, the fstab entry, the unit, the cache set
+    # and the mapping entry are all still there.
+    backend.dismantle(p, entry)
+    _remove_fstab_entry(p, name, entry)
     kept = []
     for role, info in entry.get("devices", {}).items():
-        node = current_node(entry, role)
+        node = nodes[role]
         image = info.get("loop_file")
         adopted = role == "origin" and (entry.get("backend_state") or {}).get("adopted")
         if node is not None and wipe and adopted:
             plan.notes.append(f"the origin LV {node} is not wiped: hotcache adopted it with "
                               "its data and did not create it")
         elif node is not None and wipe:
-            p.run(f"erase signatures on the {role} device {node} (--wipe)",
+            p.run(f"erase signatures on the {role} device {node} (--wipe; found by its "
+                  "identity)",
                   ["wipefs", "--all", node], destructive=True)
         if node is not None and image:
             p.run(f"detach loop device {node} (image {image})", ["losetup", "--detach", node])
@@ -65,7 +84,23 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False,
             kept.append((role, image))
     for role, image in kept:
         plan.notes.append(_kept_note(name, entry, image, wiped=wipe))
+    _forget(p, name, env, entry, kept)
+    return plan
 
+
+def _remove_fstab_entry(p: Planner, name: str, entry: dict) -> None:
+    persisted = entry.get("persist", {}).get("fstab")
+    if persisted:
+        path = fstab.fstab_path(persisted)  # the file apply wrote, wherever it was
+        fs_uuid = entry.get("filesystem", {}).get("uuid")
+        mp = entry.get("filesystem", {}).get("mountpoint")
+        if fstab.has_marker(path, name):
+            p.do(f"remove the entry of {name} from {path} (only a line that mounts its "
+                 f"UUID on {mp} goes with its marker)",
+                 lambda ctx: fstab.set_entry(path, name, None, fs_uuid, [mp]))
+
+
+def _forget(p: Planner, name: str, env: Env, entry: dict, kept: list) -> None:
     def forget(ctx):
         if ctx.runner.dry_run:
             return
@@ -75,6 +110,22 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False,
                 images.record(state, image, name, entry, role)
 
     p.do(f"remove {name} from the mapping {env.state}", forget)
+
+
+def _plan_forget(name: str, entry: dict, env: Env, why: str | None) -> Plan:
+    """--forget: drop the entry, its fstab line and its unit; touch no device."""
+    from hotcache.provision.engine.restore import remove_unit
+
+    if why is None and entry.get("backend") != "none":
+        raise RefusedError(f"{name} is live, so --forget would leave a running cache that "
+                           "hotcache no longer knows",
+                           hint=f"`hotcache teardown {name}` flushes it and takes it down")
+    plan = Plan()
+    p = Planner(env, name, plan)
+    plan.notes += lost(entry, why)
+    _remove_fstab_entry(p, name, entry)
+    remove_unit(p, name)
+    _forget(p, name, env, entry, [])
     return plan
 
 
@@ -90,3 +141,25 @@ def _kept_note(name: str, entry: dict, image: str, *, wiped: bool) -> str:
                 "cache on it again, give it `wipe: true` in the spec (its data is lost)")
     return (f"image {image} is {what}. `rm {image}` deletes it; `--remove-images` "
             "deletes a cache's images as part of the teardown")
+
+
+def lost(entry: dict, why: str | None) -> list[str]:
+    """What forgetting the entry loses, said before it is done."""
+    st = entry.get("backend_state") or {}
+    out = [f"not live: {why}"] if why else []
+    if entry.get("mode") == "writeback":
+        out.append("the cache was in writeback: dirty blocks still on the SSD will never "
+                   "reach the origin, so the filesystem on the origin may be incomplete")
+    if st.get("data_sectors"):
+        out.append(f"the dm-cache geometry (block {st.get('block_sectors')} sectors, "
+                   f"metadata {st.get('meta_sectors')}, data {st.get('data_sectors')}) needed "
+                   "to load the cache again")
+    if st.get("cset_uuid"):
+        out.append(f"which cache set ({st['cset_uuid']}) and backing device "
+                   f"({st.get('backing_uuid')}) belong together")
+    if st.get("vg"):
+        out.append(f"that volume group {st['vg']} belongs to this cache")
+    for role, info in (entry.get("devices") or {}).items():
+        out.append(f"the record of its {role} device, {recorded.describe_recorded(info)}, "
+                   "which hotcache then treats as foreign")
+    return [f"--forget loses {x}" for x in out]

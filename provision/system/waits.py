@@ -27,3 +27,39 @@ def wait_until(what: str, done: Callable[[], "tuple[bool, str]"], *, timeout: fl
             sys.stderr.write(f"  waiting for {what}: {progress} ({now - start:.0f}s)\n")
             last = now
         time.sleep(interval)
+
+
+STALL = 60.0    # seconds without progress before a flush says what holds it
+
+
+def wait_drained(what: str, remaining: Callable[[], "tuple[int, str]"], *, timeout: float,
+                 diagnose: Callable[[], str], hint: str, interval: float = 1.0,
+                 every: float = 5.0, stall: float = STALL, clock=time.monotonic,
+                 sleep=time.sleep, say=None) -> None:
+    """Poll `remaining()` -> (count left, progress text) until the count is 0.
+
+    Progress is printed every `every` seconds. When the count has not fallen for `stall`
+    seconds the wait says, once per stall period, what holds it and what to do
+    (`diagnose()`), instead of repeating the same count until the timeout. Errors raised
+    by `remaining` (the device went away) end the wait at once."""
+    say = say or sys.stderr.write
+    start = last_said = last_fall = clock()
+    lowest, stalled_at = None, None
+    while True:
+        count, progress = remaining()
+        if count == 0:
+            return
+        now = clock()
+        if lowest is None or count < lowest:
+            lowest, last_fall, stalled_at = count, now, None
+        if now - start >= timeout:
+            raise WaitTimeout(f"gave up waiting after {timeout:.0f}s for {what} ({progress}); "
+                              f"{diagnose()}", hint=hint)
+        if now - last_fall >= stall and (stalled_at is None or now - stalled_at >= stall):
+            stalled_at = now
+            say(f"  {what}: no progress for {now - last_fall:.0f}s ({progress}). "
+                f"{diagnose()}\n")
+        elif now - last_said >= every:
+            say(f"  waiting for {what}: {progress} ({now - start:.0f}s)\n")
+            last_said = now
+        sleep(interval)

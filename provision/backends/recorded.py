@@ -1,0 +1,147 @@
+"""The devices a mapping entry recorded, found again by identity (never by kernel name).
+
+Every command after the first build (apply of an existing cache, restore, status,
+teardown) finds each device here: by its stable by-id links first, then by the names it
+was recorded under, then by looking through every block device of the host. A name
+that now points at another device (the disks changed order at boot) is never used: if
+the recorded device is present under another name, that one is used and both are named;
+if not, the command is refused, naming both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hotcache.provision.block import identity
+from hotcache.provision.block.identity import HOST, Roots, Seen
+from hotcache.provision.system.runner import Runner
+
+
+@dataclass
+class Found:
+    role: str
+    node: str | None = None      # /dev/NAME of the recorded device now; None: not found
+    seen: Seen | None = None
+    moved: str | None = None     # the recorded name now names another device (said, not refused)
+    problem: str | None = None   # why no device can be used (a refusal)
+
+
+def expected_signature(entry: dict, role: str) -> tuple | None:
+    """The signature hotcache wrote on the device, as (TYPE, UUID): () when it wrote none
+    that blkid sees, None when it cannot say (an apply that did not finish)."""
+    from hotcache.provision.backends import get
+
+    if entry.get("state") != "ready":
+        return None
+    try:
+        backend = get(entry.get("backend", ""))
+    except KeyError:
+        return None
+    return backend.signature(entry, role)
+
+
+def describe_recorded(info: dict) -> str:
+    bits = [f"{int(info['size']) / 2**20:.0f} MiB"] if info.get("size") else []
+    ident = info.get("identity") or {}
+    for key in ("serial", "wwn", "partuuid"):
+        if ident.get(key):
+            bits.append(f"{key} {ident[key]}")
+    links = identity.stable_links(info.get("by_id") or [])
+    if links:
+        bits.append(links[0])
+    if info.get("loop_file"):
+        bits.append(f"image {info['loop_file']}")
+    return f"{info.get('node', '?')} when recorded ({', '.join(bits) or 'no stable identity recorded'})"
+
+
+def _loop_name(image: str, roots: Roots) -> str | None:
+    for entry in sorted(roots.sys_block.glob("loop*/loop/backing_file")):
+        if entry.read_text().strip() == image:
+            return entry.parent.parent.name
+    return None
+
+
+def locate(entry: dict, role: str, runner: Runner, roots: Roots = HOST, *,
+           cache: str = "") -> Found:
+    info = (entry.get("devices") or {}).get(role) or {}
+    found = Found(role)
+    if not info:
+        return found
+    expected = expected_signature(entry, role)
+    what = f"the {role} device of {cache}" if cache else f"the {role} device"
+    tried: dict[str, str] = {}        # kernel name -> the recorded name that led to it
+    if info.get("loop_file"):
+        name = _loop_name(info["loop_file"], roots)
+        if name:
+            tried[name] = f"loop image {info['loop_file']}"
+    else:
+        for label in [*identity.stable_links(info.get("by_id") or []), info.get("path"),
+                      info.get("node")]:
+            name = identity.kname(label, roots) if label else None
+            if name and name not in tried:
+                tried[name] = label
+    wrong: list[tuple[str, Seen, identity.Verdict]] = []
+    unproven: list[tuple[str, Seen]] = []
+    for name, label in tried.items():
+        seen = identity.probe(name, runner, roots)
+        verdict = identity.compare(info, seen, expected)
+        if verdict.match:
+            found.node, found.seen = seen.node, seen
+            break
+        if verdict.conflict:
+            wrong.append((label, seen, verdict))
+        else:
+            unproven.append((label, seen))
+    if found.node is None and not info.get("loop_file"):
+        matches = []
+        for name in identity.candidates(info, roots):
+            if name in tried or identity.stacked(name, roots):
+                continue
+            seen = identity.probe(name, runner, roots)
+            if identity.compare(info, seen, expected).match:
+                matches.append(seen)
+        if len(matches) == 1:
+            found.node, found.seen = matches[0].node, matches[0]
+        elif len(matches) > 1:
+            found.problem = (f"{what}: {', '.join(m.describe() for m in matches)} all match "
+                             f"{describe_recorded(info)}; hotcache cannot tell which it is")
+            return found
+    if wrong:
+        label, seen, verdict = wrong[0]
+        said = (f"{what}: {label} now names {seen.describe()}, which is not the device "
+                f"recorded ({'; '.join(verdict.conflicts)})")
+        if found.node is not None:
+            found.moved = f"{said}; using {found.seen.describe()}, the recorded device " \
+                          "under its new name"
+        else:
+            found.problem = (f"{said}. The recorded device, {describe_recorded(info)}, is "
+                             "not present under any name. hotcache touches neither")
+    elif found.node is None and unproven:
+        label, seen = unproven[0]
+        found.problem = (f"{what}: nothing proves that {label} ({seen.describe()}) is the "
+                         f"device recorded, {describe_recorded(info)}: no by-id link, serial, "
+                         "WWN, partition UUID or hotcache signature agrees")
+    return found
+
+
+def current_node(entry: dict, role: str = "origin", runner: Runner | None = None,
+                 roots: Roots = HOST) -> str | None:
+    """The recorded device's node now, or None when it is not present or not provably
+    the recorded one (read-only callers: status, statistics)."""
+    try:
+        return locate(entry, role, runner or Runner(), roots).node
+    except OSError:
+        return None
+
+
+def require(entry: dict, role: str, runner: Runner, roots: Roots = HOST, *,
+            cache: str = "") -> Found:
+    """locate(), for callers that write: a device that cannot be proven is an error."""
+    from hotcache.provision.errors import RefusedError
+
+    found = locate(entry, role, runner, roots, cache=cache)
+    if found.problem:
+        raise RefusedError(found.problem, hint="put the recorded disk back (or let udev "
+                           "settle), then run the command again; `hotcache status` names "
+                           "each device it finds")
+    return found

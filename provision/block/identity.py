@@ -1,0 +1,243 @@
+"""Who a block device is, by what does not move between boots.
+
+Kernel names (/dev/sdb, /dev/vda, /dev/nvme1n1) follow the order in which disks are found
+and move when a disk is added or enumerates late; a later command that trusts them writes
+to whatever disk now carries the name. So every device hotcache builds on is recorded by
+its stable identities (udev's by-id links, WWN, serial, partition UUID, size, a loop
+device's backing file) and found again by them; the signature hotcache itself wrote
+(bcache superblock UUID, XFS UUID, LVM PV UUID) confirms it.
+
+`probe` reads one device; `compare` tells whether a device is the recorded one (match),
+provably another (conflict, with the reasons), or cannot be told (unproven); `find`
+looks through every block device of the host for the recorded one. The roots are
+parameters so that tests can point them at a fake sysfs/udev tree.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hotcache.provision.system.runner import Runner
+
+# by-id links that name what a device holds (a PV or md signature, a dm table's name)
+# rather than the device itself: they appear and vanish with hotcache's own steps.
+NOT_IDENTITY = ("lvm-pv-uuid-", "dm-name-", "md-name-")
+# The keys recorded in the mapping, per device, under `identity`.
+KEYS = ("wwn", "serial", "partuuid", "partn")
+
+
+@dataclass(frozen=True)
+class Roots:
+    sys_block: Path = Path("/sys/class/block")
+    by_id: Path = Path("/dev/disk/by-id")
+    udev_data: Path = Path("/run/udev/data")
+    dev: Path = Path("/dev")
+
+
+HOST = Roots()
+
+
+@dataclass
+class Seen:
+    """A device as it is now."""
+
+    node: str
+    size: int
+    by_id: list[str] = field(default_factory=list)
+    identity: dict = field(default_factory=dict)   # KEYS that this device has
+    loop_file: str | None = None
+    sig_type: str | None = None
+    sig_uuid: str | None = None
+
+    def describe(self) -> str:
+        bits = [f"{self.size / 2**20:.0f} MiB"]
+        if self.identity.get("serial"):
+            bits.append(f"serial {self.identity['serial']}")
+        if self.identity.get("wwn"):
+            bits.append(f"WWN {self.identity['wwn']}")
+        if self.loop_file:
+            bits.append(f"image {self.loop_file}")
+        if self.sig_type:
+            bits.append(f"{self.sig_type} {self.sig_uuid or ''}".strip())
+        else:
+            bits.append("no signature")
+        return f"{self.node} ({', '.join(bits)})"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _udev(roots: Roots, devnum: str | None) -> dict[str, str]:
+    """udev's properties of a device (what `udevadm info` prints as E: lines)."""
+    text = _read(roots.udev_data / f"b{devnum}") if devnum else None
+    props = {}
+    for line in (text or "").splitlines():
+        if line.startswith("E:"):
+            key, _, value = line[2:].partition("=")
+            props[key] = value
+    return props
+
+
+def kname(path: str, roots: Roots = HOST) -> str | None:
+    """The kernel name a /dev path (node, by-id or mapper link) names now, or None when
+    no such block device exists. Paths are read beneath `roots.dev`."""
+    rel = os.path.relpath(os.path.normpath(path), "/dev")
+    if rel.startswith(".."):
+        return None
+    name = os.path.basename(os.path.realpath(roots.dev / rel))
+    return name if (roots.sys_block / name).exists() else None
+
+
+def stable_links(links: list[str]) -> list[str]:
+    return sorted(link for link in links
+                  if not os.path.basename(link).startswith(NOT_IDENTITY))
+
+
+def links_to(name: str, roots: Roots = HOST) -> list[str]:
+    d = roots.by_id
+    if not d.is_dir():
+        return []
+    return sorted(f"/dev/disk/by-id/{p.name}" for p in d.iterdir()
+                  if os.path.basename(os.path.realpath(p)) == name)
+
+
+def hardware(name: str, roots: Roots = HOST) -> tuple[int, dict, list[str], str | None]:
+    """(size, identity keys, stable by-id links, loop backing file) of kernel device
+    `name`, from sysfs and udev's database (no subprocess)."""
+    base = roots.sys_block / name
+    size = int(_read(base / "size") or 0) * 512
+    props = _udev(roots, _read(base / "dev"))
+    disk = base
+    partn = _read(base / "partition")
+    if partn:
+        disk = base.resolve().parent
+    ident = {
+        "wwn": props.get("ID_WWN_WITH_EXTENSION") or props.get("ID_WWN")
+        or _read(disk / "wwid") or _read(disk / "device" / "wwid"),
+        "serial": props.get("ID_SERIAL_SHORT") or props.get("ID_SERIAL")
+        or _read(disk / "serial") or _read(disk / "device" / "serial"),
+        "partuuid": props.get("ID_PART_ENTRY_UUID"),
+        "partn": int(partn) if partn else None,
+    }
+    loop_file = _read(base / "loop" / "backing_file")
+    return size, {k: v for k, v in ident.items() if v is not None}, \
+        stable_links(links_to(name, roots)), loop_file
+
+
+def signature(node: str, runner: Runner) -> dict[str, str]:
+    """blkid's low-level probe of the device itself: TYPE, UUID, PART_ENTRY_UUID. A
+    failing blkid is an error (blockdev.fs_identity), never "blank"."""
+    from hotcache.provision.block.blockdev import fs_identity
+
+    return fs_identity(node, runner)
+
+
+def probe(name: str, runner: Runner, roots: Roots = HOST, *, signatures: bool = True) -> Seen:
+    """Kernel device `name` (vda, dm-3, loop0) as it is now."""
+    size, ident, links, loop_file = hardware(name, roots)
+    seen = Seen(f"/dev/{name}", size, links, ident, loop_file)
+    if signatures:
+        sig = signature(str(roots.dev / name), runner)
+        seen.sig_type, seen.sig_uuid = sig.get("TYPE"), sig.get("UUID")
+        if "partuuid" not in ident and sig.get("PART_ENTRY_UUID"):
+            seen.identity["partuuid"] = sig["PART_ENTRY_UUID"]
+    return seen
+
+
+def record(seen: Seen) -> dict:
+    """What the mapping keeps about a device so that it can be found again."""
+    out = {"node": seen.node, "size": seen.size, "by_id": seen.by_id,
+           "identity": dict(seen.identity)}
+    if seen.loop_file:
+        out["loop_file"] = seen.loop_file
+    return out
+
+
+@dataclass
+class Verdict:
+    match: bool = False
+    conflicts: list[str] = field(default_factory=list)
+    proofs: list[str] = field(default_factory=list)
+
+    @property
+    def conflict(self) -> bool:
+        return bool(self.conflicts)
+
+
+def compare(recorded: dict, seen: Seen, expected_sig: tuple | None = None) -> Verdict:
+    """Is `seen` the device `recorded` (a mapping `devices.<role>` entry) describes?
+
+    A conflict (size, WWN, serial, partition UUID, by-id links, loop image or the
+    signature hotcache wrote differs) proves it is another device. Otherwise one agreeing
+    stable identity proves it is the one. A device with neither stays unproven."""
+    v = Verdict()
+    ident = recorded.get("identity") or {}
+    size = recorded.get("size")
+    if size and seen.size and int(size) != seen.size:
+        v.conflicts.append(f"size {seen.size} bytes, recorded {size}")
+    for key in ("wwn", "serial", "partuuid", "partn"):
+        want, have = ident.get(key), seen.identity.get(key)
+        if want is None or have is None:
+            continue
+        if str(want) != str(have):
+            v.conflicts.append(f"{key} {have}, recorded {want}")
+        elif key != "partn":
+            v.proofs.append(f"{key} {have}")
+    links = set(stable_links(recorded.get("by_id") or []))
+    if links and seen.by_id:
+        if links & set(seen.by_id):
+            v.proofs.append(f"link {sorted(links & set(seen.by_id))[0]}")
+        else:
+            v.conflicts.append(f"by-id {', '.join(seen.by_id)}, recorded {', '.join(sorted(links))}")
+    if recorded.get("loop_file"):
+        if seen.loop_file == recorded["loop_file"]:
+            v.proofs.append(f"image {seen.loop_file}")
+        else:
+            v.conflicts.append(f"image {seen.loop_file or '(not a loop device)'}, "
+                               f"recorded {recorded['loop_file']}")
+    if expected_sig == ():
+        if seen.sig_type:
+            v.conflicts.append(f"{seen.sig_type} {seen.sig_uuid or ''} signature, where "
+                               "hotcache left none")
+    elif expected_sig is not None:
+        want_type, want_uuid = expected_sig
+        if seen.sig_type is None and seen.sig_uuid is None and (want_type or want_uuid):
+            v.conflicts.append(f"no signature, hotcache wrote {want_type} {want_uuid or ''}".strip())
+        elif want_type and seen.sig_type != want_type or want_uuid and seen.sig_uuid != want_uuid:
+            v.conflicts.append(f"{seen.sig_type} {seen.sig_uuid or ''}, hotcache wrote "
+                               f"{want_type} {want_uuid or ''}".strip())
+        elif want_uuid:
+            v.proofs.append(f"{want_type} UUID {want_uuid}")
+    v.match = not v.conflicts and bool(v.proofs)
+    return v
+
+
+def all_devices(roots: Roots = HOST) -> list[str]:
+    d = roots.sys_block
+    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+
+def candidates(recorded: dict, roots: Roots = HOST) -> list[str]:
+    """Kernel names worth probing for the recorded device: those whose size and hardware
+    identity do not already rule them out (no subprocess)."""
+    out = []
+    for name in all_devices(roots):
+        size, ident, links, loop_file = hardware(name, roots)
+        seen = Seen(f"/dev/{name}", size, links, ident, loop_file)
+        v = compare(recorded, seen)
+        if not v.conflict:
+            out.append(name)
+    return out
+
+
+def stacked(name: str, roots: Roots = HOST) -> bool:
+    """A device built on others (dm, md, bcache): it shows what is on its slaves, so a
+    signature seen through it proves nothing about which disk it is."""
+    slaves = roots.sys_block / name / "slaves"
+    return slaves.is_dir() and any(slaves.iterdir())
