@@ -49,8 +49,9 @@ def describe_recorded(info: dict) -> str:
     links = identity.stable_links(info.get("by_id") or [])
     if links:
         bits.append(links[0])
-    if info.get("loop_file"):
-        bits.append(f"image {info['loop_file']}")
+    image = info.get("loop_file") or ident.get("backing_file")
+    if image:
+        bits.append(f"image {image}")
     return f"{info.get('node', '?')} when recorded ({', '.join(bits) or 'no stable identity recorded'})"
 
 
@@ -70,16 +71,16 @@ def locate(entry: dict, role: str, runner: Runner, roots: Roots = HOST, *,
     expected = expected_signature(entry, role)
     what = f"the {role} device of {cache}" if cache else f"the {role} device"
     tried: dict[str, str] = {}        # kernel name -> the recorded name that led to it
-    if info.get("loop_file"):
-        name = _loop_name(info["loop_file"], roots)
+    image = info.get("loop_file") or (info.get("identity") or {}).get("backing_file")
+    if image:
+        name = _loop_name(image, roots)
         if name:
-            tried[name] = f"loop image {info['loop_file']}"
-    else:
-        for label in [*identity.stable_links(info.get("by_id") or []), info.get("path"),
-                      info.get("node")]:
-            name = identity.kname(label, roots) if label else None
-            if name and name not in tried:
-                tried[name] = label
+            tried[name] = f"loop image {image}"
+    for label in [*identity.stable_links(info.get("by_id") or []), info.get("path"),
+                  info.get("node")]:
+        name = identity.kname(label, roots) if label else None
+        if name and name not in tried:
+            tried[name] = label
     wrong: list[tuple[str, Seen, identity.Verdict]] = []
     unproven: list[tuple[str, Seen]] = []
     for name, label in tried.items():
@@ -92,7 +93,7 @@ def locate(entry: dict, role: str, runner: Runner, roots: Roots = HOST, *,
             wrong.append((label, seen, verdict))
         else:
             unproven.append((label, seen))
-    if found.node is None and not info.get("loop_file"):
+    if found.node is None and not image:
         matches = []
         for name in identity.candidates(info, roots):
             if name in tried or identity.stacked(name, roots):

@@ -152,11 +152,10 @@ def probe(name: str, runner: Runner, roots: Roots = HOST, *, signatures: bool = 
 
 def record(seen: Seen) -> dict:
     """What the mapping keeps about a device so that it can be found again."""
-    out = {"node": seen.node, "size": seen.size, "by_id": seen.by_id,
-           "identity": dict(seen.identity)}
+    ident = dict(seen.identity)
     if seen.loop_file:
-        out["loop_file"] = seen.loop_file
-    return out
+        ident["backing_file"] = seen.loop_file
+    return {"node": seen.node, "size": seen.size, "by_id": seen.by_id, "identity": ident}
 
 
 @dataclass
@@ -195,12 +194,13 @@ def compare(recorded: dict, seen: Seen, expected_sig: tuple | None = None) -> Ve
             v.proofs.append(f"link {sorted(links & set(seen.by_id))[0]}")
         else:
             v.conflicts.append(f"by-id {', '.join(seen.by_id)}, recorded {', '.join(sorted(links))}")
-    if recorded.get("loop_file"):
-        if seen.loop_file == recorded["loop_file"]:
+    image = recorded.get("loop_file") or ident.get("backing_file")
+    if image:
+        if seen.loop_file == image:
             v.proofs.append(f"image {seen.loop_file}")
         else:
             v.conflicts.append(f"image {seen.loop_file or '(not a loop device)'}, "
-                               f"recorded {recorded['loop_file']}")
+                               f"recorded {image}")
     if expected_sig == ():
         if seen.sig_type:
             v.conflicts.append(f"{seen.sig_type} {seen.sig_uuid or ''} signature, where "

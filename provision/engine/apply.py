@@ -465,7 +465,17 @@ def _identity_missing(entry: dict | None) -> bool:
 def _entry_drifted(entry: dict | None, spec: CacheSpec) -> bool:
     if entry is None:
         return True
-    return entry.get("spec") != spec.model_dump(mode="json", exclude_none=True)
+    from hotcache.provision.engine.restore import without_wipe
+
+    return without_wipe(entry.get("spec") or {}) != recorded_spec(spec)
+
+
+def recorded_spec(spec: CacheSpec) -> dict:
+    """The spec as the mapping keeps it: `wipe: true` was consent for the first build
+    and is not kept for restore to replay."""
+    from hotcache.provision.engine.restore import without_wipe
+
+    return without_wipe(spec.model_dump(mode="json", exclude_none=True))
 
 
 def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
@@ -510,7 +520,7 @@ def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
             "persist": {"fstab": str(env.fstab) if spec.filesystem.persist == "fstab" else None},
             "backend_state": old.get("backend_state", {}),
             "hot_copies": old.get("hot_copies", {}),
-            "spec": spec.model_dump(mode="json", exclude_none=True),
+            "spec": recorded_spec(spec),
         }
 
 

@@ -131,11 +131,11 @@ def recorded_spec(state_path: Path, names: list[str] | None = None):
         if not recorded:
             raise UsageError(f"{name}: the mapping {state_path} holds no spec for it; "
                              "run `hotcache apply SPEC` once")
-        caches.append(CacheSpec.model_validate(_without_wipe(recorded)))
+        caches.append(CacheSpec.model_validate(without_wipe(recorded)))
     return HostSpec(caches=caches)
 
 
-def _without_wipe(spec: dict) -> dict:
+def without_wipe(spec: dict) -> dict:
     """`wipe: true` was consent for the first build; a restore never replays it."""
     out = dict(spec)
     for role in ("origin", "cache"):
