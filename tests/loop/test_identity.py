@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,16 @@ def image(path: Path, mib: int) -> Path:
     return path
 
 
+def take_name(node: str, path: Path) -> None:
+    """Attach `path` at `node`; other tests on this machine may hold the freed loop device
+    for a moment, so try a few times."""
+    for _ in range(20):
+        if subprocess.run(["losetup", node, str(path)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"{node} stayed taken by another process; cannot stage the name swap")
+
+
 @pytest.fixture
 def swapped(sandbox):
     """Cache `hot` (backend none, spec naming /dev/loopN, `wipe: true` as consent for a
@@ -64,7 +75,7 @@ def swapped(sandbox):
     sh("mount", "-o", "loop", bystander, mp)
     (mp / "precious.bin").write_bytes(os.urandom(1 << 20))
     sh("umount", mp)
-    sh("losetup", old_name, bystander)         # the bystander now carries the old name
+    take_name(old_name, bystander)             # the bystander now carries the old name
     return {"spec": spec, "old": old_name, "bystander": bystander, "hot": hot,
             "sum": sha(bystander)}
 
