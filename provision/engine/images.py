@@ -42,7 +42,9 @@ def adoptable_entry(data: dict, spec) -> dict | None:
     kept = (data.get(KEY) or {}).get(os.path.realpath(origin.loop.file))
     if not kept or kept.get("backend") != "none" or not kept.get("fs_uuid"):
         return None
-    return {"backend": "none", "state": "kept", "filesystem": {"uuid": kept["fs_uuid"]}}
+    # The image file is the device's identity: recorded as such, apply finds it proven.
+    return {"backend": "none", "state": "kept", "filesystem": {"uuid": kept["fs_uuid"]},
+            "devices": {"origin": {"loop_file": os.path.realpath(origin.loop.file)}}}
 
 
 def made_by_hotcache(data: dict, cache: str) -> set[str]:
