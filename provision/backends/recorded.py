@@ -76,8 +76,11 @@ def locate(entry: dict, role: str, runner: Runner, roots: Roots = HOST, *,
         name = _loop_name(image, roots)
         if name:
             tried[name] = f"loop image {image}"
-    for label in [*identity.stable_links(info.get("by_id") or []), info.get("path"),
-                  info.get("node")]:
+    # A loop image hotcache attached itself is found by its file alone: the loop device
+    # it had is any other image's once detached.
+    names = [] if info.get("loop_file") else [
+        *identity.stable_links(info.get("by_id") or []), info.get("path"), info.get("node")]
+    for label in names:
         name = identity.kname(label, roots) if label else None
         if name and name not in tried:
             tried[name] = label
