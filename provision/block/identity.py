@@ -28,7 +28,7 @@ NOT_IDENTITY = ("lvm-pv-uuid-", "dm-name-", "md-name-")
 KEYS = ("wwn", "serial", "partuuid", "partn")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Roots:
     sys_block: Path = Path("/sys/class/block")
     by_id: Path = Path("/dev/disk/by-id")

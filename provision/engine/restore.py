@@ -146,12 +146,13 @@ def without_wipe(spec: dict) -> dict:
 
 def wait_for_devices(host) -> None:
     """At boot, disks (and udev's by-id links) can appear late: wait a bounded time."""
+    from hotcache.provision.block import identity
     from hotcache.provision.system.waits import wait_until
 
     paths = [ref.path for c in host.caches for ref in c.devices().values() if ref.path]
 
     def present():
-        missing = [p for p in paths if not os.path.exists(p)]
+        missing = [p for p in paths if identity.kname(p) is None]
         return not missing, f"missing {', '.join(missing)}"
     wait_until("the cache devices to appear", present, timeout=DEVICE_WAIT, interval=1.0)
 
