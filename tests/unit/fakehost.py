@@ -117,7 +117,7 @@ def install(monkeypatch, tmp_path: Path) -> FakeHost:
                         ("udev_data", host.udev), ("dev", host.dev)):
         monkeypatch.setattr(identity.HOST, attr, value)
     monkeypatch.setattr(blockdev, "SYS_BLOCK", host.sys)
-    monkeypatch.setattr(blockdev, "root_devices", lambda: set())
+    monkeypatch.setattr(blockdev, "root_devices", lambda *a, **k: set())
     monkeypatch.setattr(blockdev, "mount_at", lambda mp: None)
     monkeypatch.setattr(blockdev, "mounts", lambda: [])
     monkeypatch.setattr(blockdev, "loop_for_file", lambda image: None)
