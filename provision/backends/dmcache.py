@@ -95,7 +95,7 @@ class DmCache(Backend):
         return ("xfs", (entry or {}).get("filesystem", {}).get("uuid"))
 
     def live(self, entry, runner):
-        names = state.of(entry).get("names") or dm_names(entry["spec"]["name"])
+        names = state.of(entry).get("names") or dm_names((entry.get("spec") or {}).get("name", ""))
         if live_table(names["cache"], runner) is None:
             return f"its dm-cache table {names['cache']} is not loaded"
         return None

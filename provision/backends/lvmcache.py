@@ -134,7 +134,7 @@ class LvmCache(Backend):
         return ("LVM2_member", (st.get("pv_uuids") or {}).get(role))
 
     def live(self, entry, runner):
-        vg, lv, _ = names(entry, entry["spec"]["name"])
+        vg, lv, _ = names(entry, (entry.get("spec") or {}).get("name", ""))
         info = lv_info(runner, vg, lv)
         if info is None:
             return f"LVM does not see the logical volume {vg}/{lv} (are its disks present?)"

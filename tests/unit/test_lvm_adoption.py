@@ -74,8 +74,11 @@ def test_teardown_wipe_never_wipes_an_adopted_lv(tmp_path, monkeypatch):
     with mapping.editing(state) as data:
         data["caches"]["home"] = entry
     monkeypatch.setenv("HOTCACHE_UNIT_DIR", str(tmp_path / "units"))
-    monkeypatch.setattr(teardown, "current_node",
-                        lambda e, role: e["devices"][role]["node"])
+    from hotcache.provision.backends import recorded
+
+    monkeypatch.setattr(lvmcache.LvmCache, "live", lambda self, e, r: None)   # as if active
+    monkeypatch.setattr(recorded, "locate", lambda e, role, *a, **k: recorded.Found(
+        role, node=e["devices"][role]["node"]))
     runner = Lvm()
     plan = teardown.plan_teardown("home", apply.Env(runner, state, tmp_path / "fstab"),
                                   wipe=True)
