@@ -59,7 +59,7 @@ def wait_drained(what: str, remaining: Callable[[], "tuple[int, str]"], *, timeo
             stalled_at = now
             say(f"  {what}: no progress for {now - last_fall:.0f}s ({progress}). "
                 f"{diagnose()}\n")
-        elif now - last_said >= every:
+        elif stalled_at is None and now - last_said >= every:   # no repeats of a stuck count
             say(f"  waiting for {what}: {progress} ({now - start:.0f}s)\n")
             last_said = now
         sleep(interval)

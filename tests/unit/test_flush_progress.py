@@ -1,0 +1,151 @@
+"""Issue 11, cases 5 and 10: a flush makes progress or says why, and a cache that stops
+being live mid-flush fails the teardown (clock and sysfs injected; no kernel needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hotcache.provision.backends import bcache
+from hotcache.provision.backends import bcache_sysfs as sb
+from hotcache.provision.backends import dmcache
+from hotcache.provision.errors import ExitCode, FlushIncomplete, WaitTimeout
+from hotcache.provision.system.runner import Result, Runner
+from hotcache.provision.system.waits import wait_drained
+
+STATUS = ("0 974848 cache 8 15/2048 128 13/1088 92 20 3 1 0 7 {dirty} 1 writeback "
+          "2 migration_threshold {mt} {policy} 0 rw - ")
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def drain(counts, clock, **kw):
+    said = []
+    it = iter(counts)
+    wait_drained("the flush", lambda: (c := next(it), f"{c} dirty"), timeout=kw.pop("timeout", 600),
+                 diagnose=lambda: "HELD BY THE ORIGIN", hint="run it again", clock=clock,
+                 sleep=clock.sleep, say=said.append, **kw)
+    return said
+
+
+def test_a_stalled_flush_says_what_holds_it_instead_of_repeating_the_count():
+    clock = Clock()
+    with pytest.raises(WaitTimeout) as err:
+        drain([324] * 1000, clock, timeout=300)
+    assert "HELD BY THE ORIGIN" in str(err.value)
+    assert err.value.exit_code == ExitCode.TIMEOUT
+
+
+def test_stall_is_reported_once_a_minute_and_progress_resets_it():
+    clock = Clock()
+    said = drain([324] * 70 + [300] * 70 + [0], clock)
+    held = [s for s in said if "HELD BY THE ORIGIN" in s]
+    assert len(held) == 2, said                     # at 60 s, and 60 s after 300 appeared
+    assert "no progress for 60s (324 dirty)" in held[0]
+    assert "no progress for 60s (300 dirty)" in held[1]
+    assert not any("waiting for the flush: 324 dirty (6" in s for s in said)   # not past 60 s
+
+
+def test_a_draining_flush_never_reports_a_stall():
+    clock = Clock()
+    said = drain(list(range(500, 0, -1)) + [0], clock)
+    assert not any("HELD" in s for s in said) and any("waiting for the flush" in s for s in said)
+
+
+class Dm(Runner):
+    def __init__(self, mt: int, policy="cleaner", sticky=False):
+        super().__init__(dry_run=True)
+        self.mt, self.policy, self.sticky = mt, policy, sticky
+
+    def run(self, argv, **kw):
+        argv = [str(a) for a in argv]
+        self.recorded.append(argv)
+        if argv[:2] == ["dmsetup", "message"] and not self.sticky:
+            self.mt = int(argv[-1])
+        if argv[:2] == ["dmsetup", "status"]:
+            return Result(argv, 0, STATUS.format(dirty=324, mt=self.mt, policy=self.policy), "")
+        return Result(argv, 0, "", "")
+
+
+def test_a_zero_migration_threshold_is_raised_in_place_and_read_back():
+    runner, said = Dm(0), []
+    dmcache.ensure_writeback("hc-c1", runner, say=said.append)
+    assert ["dmsetup", "message", "hc-c1", "0", "migration_threshold", "2048"] in runner.recorded
+    assert runner.recorded[-1] == ["dmsetup", "status", "hc-c1"]     # read back
+    assert "was 0 sectors" in said[0]
+
+
+def test_a_threshold_that_does_not_take_or_a_policy_not_cleaner_is_an_error():
+    with pytest.raises(FlushIncomplete, match="stays 0"):
+        dmcache.ensure_writeback("hc-c1", Dm(0, sticky=True), say=lambda s: None)
+    with pytest.raises(FlushIncomplete, match="runs policy smq"):
+        dmcache.ensure_writeback("hc-c1", Dm(2048, policy="smq"), say=lambda s: None)
+    runner = Dm(4096)
+    dmcache.ensure_writeback("hc-c1", runner, say=lambda s: None)
+    assert not any(a[1] == "message" for a in runner.recorded)
+
+
+def test_a_dm_cache_that_vanishes_mid_flush_fails_the_wait():
+    class Gone(Runner):
+        def run(self, argv, **kw):
+            from hotcache.provision.errors import CommandFailed
+            raise CommandFailed(argv, 1, "Device does not exist.")
+    with pytest.raises(FlushIncomplete) as err:
+        dmcache.wait_clean("hc-c1", Gone())
+    assert "stopped being live" in str(err.value) and "kept" in str(err.value)
+
+
+@pytest.fixture
+def bdev(tmp_path, monkeypatch):
+    monkeypatch.setattr(sb, "SYS_BLOCK", tmp_path / "block")
+    monkeypatch.setattr(sb, "SYS_FS", tmp_path / "fs")
+    d = tmp_path / "block" / "vdc" / "bcache"
+    d.mkdir(parents=True)
+    for name, value in (("state", "dirty"), ("dirty_data", "69.0M"), ("writeback_running", "0"),
+                        ("detach", ""), ("writeback_rate", "4.0k")):
+        (d / name).write_text(value + "\n")
+    cset = tmp_path / "fs" / "cset1"
+    cset.mkdir(parents=True)
+    (d / "cache").symlink_to(cset)
+    (cset / "bdev0").symlink_to(d)
+    (cset / "unregister").write_text("")
+    return d
+
+
+def test_bcache_device_stopping_during_the_detach_fails_the_teardown(bdev):
+    import shutil
+
+    clock = Clock()
+
+    def stop(seconds):          # the failing origin stops the bcache device
+        clock.sleep(seconds)
+        shutil.rmtree(bdev)
+    with pytest.raises(FlushIncomplete) as err:
+        bcache.detach("/dev/vdc", clock=clock, sleep=stop, say=lambda s: None)
+    assert "stopped before its dirty data was written back" in str(err.value)
+    assert "cset1" in str(err.value)
+
+
+def test_bcache_detach_turns_writeback_on_and_waits_for_no_cache(bdev):
+    clock = Clock()
+
+    def detached(seconds):
+        clock.sleep(seconds)
+        (bdev / "state").write_text("no cache\n")
+    bcache.detach("/dev/vdc", clock=clock, sleep=detached, say=lambda s: None)
+    assert (bdev / "writeback_running").read_text() == "1"
+    assert (bdev / "detach").read_text() == "1"
+
+
+def test_a_cache_set_with_a_backing_device_attached_is_never_unregistered(bdev, tmp_path):
+    with pytest.raises(FlushIncomplete, match="bdev0"):
+        bcache.unregister_set("cset1")
+    assert (tmp_path / "fs" / "cset1" / "unregister").read_text() == ""
