@@ -9,6 +9,9 @@ loop device with XFS, real hot copies, the real CLI.
   Docker, Podman and kubelet set it up. It reports the copy, the filesystem and the cache
   behind it; after the host rebuilt the cache it warns that the view is stale; with /sys
   hidden it says the cache is unknown.
+- The same in a real OCI container run by runc (uid 1000, read-only root, the hot copy
+  bound read-only with rslave propagation), including the stale warning after a rebuild
+  under the running container.
 """
 
 from __future__ import annotations
