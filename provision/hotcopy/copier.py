@@ -22,7 +22,6 @@ import grp
 import json
 import os
 import pwd
-import shutil
 import stat
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -30,12 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotcache.provision import __version__
-from hotcache.provision.system import fsops
+from hotcache.provision.system import beneath, fsops
 from hotcache.provision.hotcopy import manifest
-from hotcache.provision.system.atomic import write_atomic
 from hotcache.provision.errors import DriftError, HotcacheError, RefusedError, UsageError
 from hotcache.provision.hotcopy.filecopy import CHUNK, Done, FileCopier, Limiter, default_jobs
-from hotcache.provision.hotcopy.format import FORMAT, MANIFEST, METADATA, read_metadata
+from hotcache.provision.hotcopy.format import (FORMAT, MANIFEST, METADATA, STAGING_SUFFIX,
+                                               read_metadata, staging_dir)
 from hotcache.provision.mapping import now
 from hotcache.provision.system.meter import NullMeter
 from hotcache.provision.hotcopy.selection import Entry, select
@@ -95,11 +94,17 @@ def check_paths(src: Path, dest: Path) -> tuple[Path, Path]:
         raise UsageError(f"source {src} is inside the destination {dest}")
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"destination {dest} exists and is not a folder")
-    if dest.is_dir() and read_metadata(dest) is None and any(dest.iterdir()):
+    if dest.is_dir() and read_metadata(dest) is None and user_entries(dest):
         raise RefusedError(f"destination {dest} exists, is not empty and is not a hot copy; "
                            "hotcache does not overwrite it",
                            hint="choose a new DEST, or empty that folder yourself")
     return src, dest
+
+
+def user_entries(dest: Path) -> list[str]:
+    """What DEST holds besides a mountpoint's lost+found and hotcache's staging folder."""
+    return [n for n in os.listdir(dest)
+            if n != "lost+found" and not n.endswith(STAGING_SUFFIX)]
 
 
 def parse_owner(owner: str | None) -> tuple[int, int] | None:
@@ -131,6 +136,9 @@ def parse_mode(mode: str | None) -> int | None:
     if not 0 <= value <= 0o7777:
         raise UsageError(f"--mode {mode}: give octal permission bits for the files, e.g. 0644",
                          hint="folders get the same bits plus x wherever r is set")
+    if value & 0o7000:
+        raise UsageError(f"--mode {mode}: setuid, setgid and sticky bits never cross a hot "
+                         "copy", hint=f"give the permission bits only, e.g. {value & 0o777:04o}")
     return value
 
 
@@ -199,15 +207,16 @@ def _unchanged(published: Path, e: Entry) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_size == e.size and st.st_mtime_ns == e.mtime_ns
 
 
-def check_space(dest: Path, need: int, margin: float, sizing=None) -> None:
-    st = os.statvfs(dest.parent)
+def check_space(dest: Path, need: int, margin: float, fd: int, sizing=None) -> None:
+    """`fd`: the folder that holds the staging folder, on DEST's own filesystem."""
+    st = os.fstatvfs(fd)
     free = st.f_bavail * st.f_frsize
     want = int(need * (1 + margin))
     if free < want:
         from hotcache.provision.system.sizes import size
 
         raise RefusedError(
-            f"not enough space for the copy on the filesystem of {dest.parent}: it needs "
+            f"not enough space for the copy on the filesystem of {dest}: it needs "
             f"{size(want)} ({size(need)} to copy + {margin:.0%} margin, {want} bytes) but "
             f"has {size(free)} free ({free} bytes)",
             hint=(f"{sizing.message}. " if sizing is not None and sizing.case != FITS else "")
@@ -218,6 +227,45 @@ def check_space(dest: Path, need: int, margin: float, sizing=None) -> None:
 def next_version(old: dict | None) -> str:
     prev = str((old or {}).get("version", "0"))
     return str(int(prev) + 1) if prev.isdigit() else f"{prev}+1"
+
+
+@dataclass
+class Place:
+    """Where a copy goes, held by descriptors: DEST's parent folder, DEST itself when it
+    exists (checked to be a real folder, never a symlink), and whether DEST is a
+    mountpoint (then the staging folder lies inside DEST, on DEST's own filesystem)."""
+    dest: Path
+    parent_fd: int
+    dest_fd: int | None = None
+    dest_st: os.stat_result | None = None
+    mountpoint: bool = False
+
+    @classmethod
+    def open(cls, dest: Path) -> Place:
+        from hotcache.provision.system import beneath
+
+        place = cls(dest, beneath.open_root(dest.parent))
+        st = beneath.lstat_at(place.parent_fd, dest.name)
+        if st is not None:
+            if not stat.S_ISDIR(st.st_mode):
+                place.close()
+                raise RefusedError(f"destination {dest} is not a folder (it changed while "
+                                   "hotcache looked at it)", hint="check who writes there")
+            fd = beneath.open_at(place.parent_fd, dest.name, beneath.DIR)
+            place.dest_fd, place.dest_st = fd, beneath.expect(fd, st, str(dest))
+            place.mountpoint = st.st_dev != os.fstat(place.parent_fd).st_dev
+        return place
+
+    def staging(self) -> Staging:
+        holder = self.dest_fd if self.mountpoint else self.parent_fd
+        return Staging((self.dest if self.mountpoint else self.dest.parent)
+                       / staging_dir(self.dest).name, holder)
+
+    def close(self) -> None:
+        for fd in (self.dest_fd, self.parent_fd):
+            if fd is not None:
+                os.close(fd)
+        self.dest_fd = self.parent_fd = None
 
 
 def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = None) -> dict:
@@ -242,11 +290,27 @@ def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = Non
     if not sel.entries:
         raise UsageError(f"no files of {src} were selected",
                          hint="check --include/--exclude/--list/--fraction")
-    staging = Staging(dest)
+    place = Place.open(dest)
+    src_fd = None
     try:
-        plan = _plan(src, dest, staging, sel.entries, opts)
+        from hotcache.provision.system.beneath import open_root
+
+        src_fd = open_root(src)
+        return _copy(src, src_fd, place, sel, sizing, opts, owner, mode, meter)
     finally:
-        staging.unlock()
+        if src_fd is not None:
+            os.close(src_fd)
+        place.close()
+
+
+def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> dict:
+    dest = place.dest
+    staging = place.staging()
+    try:
+        plan = _plan(src, place, staging, sel.entries, opts)
+    except BaseException:
+        staging.close()
+        raise
     old = plan.old
     name = opts.name or (old or {}).get("name") or src.name
     summary = {"source": str(src), "dest": str(dest), "name": name,
@@ -255,17 +319,16 @@ def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = Non
                "resumed_files": len(plan.resumed), "checked_files": len(plan.check),
                "skipped": sel.warnings, **sel.coverage,
                **({"fit": sel.rule} if sel.rule else {}), "sizing": sizing.to_dict()}
-    if _same(plan, opts, name) and not plan.check and opts.version in (None, old["version"]):
-        return {**summary, "version": old["version"], "changed": False}
-    if opts.space_check:
-        check_space(dest, plan.copy_bytes, opts.margin, sizing)
-
-    existed = staging.path.is_dir()
-    staging.create(src)
     try:
+        if _same(plan, opts, name) and not plan.check and opts.version in (None, old["version"]):
+            return {**summary, "version": old["version"], "changed": False}
+        if opts.space_check:
+            check_space(dest, plan.copy_bytes, opts.margin, staging.parent_fd, sizing)
+        existed = staging.fd is not None
+        staging.create(src)
         if existed:
             staging.prune(set(plan.resumed))
-        digests, recopied = _run(src, dest, staging, plan, opts, owner, mode, meter)
+        digests, recopied = _run(src, src_fd, place, staging, plan, opts, owner, mode, meter)
         summary["copied_files"] += recopied
         if _same(plan, opts, name) and not recopied and opts.version in (None, old["version"]):
             staging.remove()   # --checksum found nothing new: keep what is published
@@ -278,28 +341,34 @@ def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = Non
         except OSError as exc:
             _fail(exc, staging, dest, plan, lambda: None)
             raise
-    except BaseException:
-        staging.unlock()
-        raise
-    staging.unlock()
-    _publish(staging.path, dest)
+        _publish(staging, place, meter)
+        # Only now, with DEST in place, does the top folder get its owner and mode: until
+        # the rename it stays root's 0700, so nobody can move it or change what it holds.
+        # A mountpoint DEST keeps its own unless --owner/--mode say otherwise.
+        top = place.dest_fd if place.mountpoint else staging.fd
+        if owner:
+            os.fchown(top, *owner)
+        if mode is not None or not place.mountpoint:
+            os.fchmod(top, dir_mode(mode) if mode is not None else 0o755)
+    finally:
+        staging.close()
     recorded = _record(dest, meta, opts.state, meter)
     return {**summary, "version": meta["version"], "changed": True,
             "copied_at": meta["copied_at"], "cache": recorded}
 
 
-def _plan(src: Path, dest: Path, staging: Staging, entries: list[Entry],
+def _plan(src: Path, place: Place, staging: Staging, entries: list[Entry],
           opts: CopyOptions) -> Plan:
-    """The plan, taking an earlier run's staging journal into account (under its lock)."""
+    """The plan, taking an earlier run's staging journal into account (under its lock:
+    the staging folder stays open and locked for the rest of the copy)."""
     journal: dict = {}
-    if staging.path.is_dir():
-        staging.lock()
+    if staging.open():
         if staging.source() not in (None, str(src)):
             raise RefusedError(f"{staging.path} holds an unfinished copy of another source "
                                f"({staging.source()})",
                                hint=f"finish that copy, or remove {staging.path}")
         journal = staging.journaled() if staging.source() else {}
-    return make_plan(entries, dest, journal, opts.checksum)
+    return make_plan(entries, place.dest, journal, opts.checksum)
 
 
 def _same(plan: Plan, opts: CopyOptions, name: str) -> bool:
@@ -309,19 +378,20 @@ def _same(plan: Plan, opts: CopyOptions, name: str) -> bool:
             and name == plan.old.get("name") and opts.owner is None and opts.mode is None)
 
 
-def _run(src, dest, staging: Staging, plan: Plan, opts, owner, mode,
+def _run(src, src_fd, place: Place, staging: Staging, plan: Plan, opts, owner, mode,
          meter) -> tuple[dict[str, str], int]:
     """Copy/link everything in the plan; returns {rel: sha256} of the whole selection and
     how many files --checksum found changed."""
-    worker = FileCopier(src, staging.path, dest, mode, owner,
-                        Limiter(opts.bwlimit) if opts.bwlimit else None, meter)
+    dest = place.dest
+    worker = FileCopier(src, src_fd, staging.fd, place.dest_fd if plan.old else None, mode,
+                        owner, Limiter(opts.bwlimit) if opts.bwlimit else None, meter)
     by_rel = {e.rel: e for e in plan.entries}
     work = [(worker.copy, e) for e in plan.copy]
     work += [(worker.link, by_rel[r], d) for r, d in plan.link.items()]
     work += [(worker.check, by_rel[r], d) for r, d in plan.check.items()]
     # Folders first, once, from this thread: the workers then only create files.
     for folder in sorted({os.path.dirname(item[1].rel) for item in work} - {""}):
-        os.makedirs(staging.path / folder, exist_ok=True)
+        os.close(beneath.makedirs(staging.fd, folder, 0o700))
     digests = dict(plan.resumed)
     todo = [e for e in plan.entries if e.rel not in plan.resumed]
     meter.start(f"copy {src.name} -> {dest}", sum(e.size for e in todo), len(todo))
@@ -330,7 +400,7 @@ def _run(src, dest, staging: Staging, plan: Plan, opts, owner, mode,
 
     def checkpoint() -> None:
         if pending:
-            fsops.syncfs(staging.path)   # data first, then the journal that vouches for it
+            fsops.syncfs(staging.fd)   # data first, then the journal that vouches for it
             staging.append(pending)
             pending.clear()
         since.update(bytes=0, at=time.monotonic())
@@ -409,10 +479,10 @@ def _read_back(staging: Staging, digests: dict[str, str], opts: CopyOptions,
     journal) and nothing is published; the next run copies just those again."""
     from hotcache.provision.hotcopy.verify import hash_files
 
-    fsops.syncfs(staging.path)
-    meter.start("read back", sum(os.path.getsize(staging.path / r) for r in digests),
+    fsops.syncfs(staging.fd)
+    meter.start("read back", sum(os.stat(r, dir_fd=staging.fd).st_size for r in digests),
                 len(digests))
-    bad = hash_files(staging.path, sorted(digests), digests, opts.jobs, meter, evict=True)
+    bad = hash_files(staging.fd, sorted(digests), digests, opts.jobs, meter, evict=True)
     if bad:
         staging.forget({p["path"] for p in bad})
         shown = "\n  ".join(f"{p['path']}: {p['problem']}" for p in bad[:10])
@@ -425,13 +495,14 @@ def _read_back(staging: Staging, digests: dict[str, str], opts: CopyOptions,
 
 def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old, mode,
             owner, verified_at: str | None) -> dict:
-    """Folders' permissions, manifest, metadata, then make it all durable."""
-    for dirpath, _dirs, _files in os.walk(staging.path):
-        os.chmod(dirpath, dir_mode(mode) if mode is not None else 0o755)
-        if owner:
-            os.chown(dirpath, *owner)
-    staging.seal()
-    manifest.write(staging.path / MANIFEST, digests)
+    """Folders' permissions, manifest, metadata, then make it all durable. The manifest
+    is written before the journal is dropped: a failure here resumes, not starts over."""
+    for top, _dirs, _files, fd in beneath.walk(staging.fd):
+        if top:   # the top folder gets its owner and mode once it is published
+            if owner:
+                os.fchown(fd, *owner)
+            os.fchmod(fd, dir_mode(mode) if mode is not None else 0o755)
+    beneath.write_file(staging.fd, MANIFEST, manifest.text(digests), 0o644, owner)
     meta = {
         "format": FORMAT, "complete": True, "name": name, "version": str(version),
         "source": str(src), "files": len(digests), "bytes": sel.bytes, "hash": "sha256",
@@ -447,32 +518,79 @@ def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old,
         "owner": opts.owner, "mode": opts.mode,
         "previous_version": (old or {}).get("version"),
     }
-    write_atomic(staging.path / METADATA, json.dumps(meta, indent=2) + "\n")
-    for p in (staging.path / MANIFEST, staging.path / METADATA):
-        if owner:
-            os.chown(p, *owner)
-    fsops.syncfs(staging.path)
+    beneath.write_file(staging.fd, METADATA, (json.dumps(meta, indent=2) + "\n").encode(),
+                       0o644, owner)
+    staging.seal()
+    fsops.syncfs(staging.fd)
     return meta
 
 
-def _publish(staging: Path, dest: Path) -> None:
-    """One rename makes the copy visible; a refresh swaps old and new in one step."""
-    if dest.is_dir() and any(dest.iterdir()):
+def _publish(staging: Staging, place: Place, meter: NullMeter) -> None:
+    """One rename makes the copy visible; a refresh swaps old and new in one step. Both
+    names are taken relative to the parent's descriptor and checked to still be the
+    folders hotcache holds open, so a symlink or folder planted meanwhile is refused."""
+    if place.mountpoint:
+        return _publish_into_mountpoint(staging, place)
+    pfd, dest = place.parent_fd, place.dest
+    cur = beneath.lstat_at(pfd, staging.name)
+    if cur is None or not beneath.same(cur, staging.st):
+        raise RefusedError(f"{staging.path} was moved away during the copy; nothing was "
+                           "published", hint="make sure nobody else writes there; run again")
+    now_st = beneath.lstat_at(pfd, dest.name)
+    if now_st is None:
+        beneath.rename_at(pfd, staging.name, pfd, dest.name, beneath.RENAME_NOREPLACE)
+    elif place.dest_st is None or not beneath.same(now_st, place.dest_st):
+        raise RefusedError(f"{dest} was replaced during the copy (by "
+                           f"{stat.filemode(now_st.st_mode)[0]!r} owned by uid "
+                           f"{now_st.st_uid}); nothing was published",
+                           hint="make sure nobody else writes there; run again")
+    elif not os.listdir(place.dest_fd):
+        beneath.rename_at(pfd, staging.name, pfd, dest.name)   # replaces the empty folder
+    else:
         try:
-            fsops.exchange(staging, dest)
+            beneath.rename_at(pfd, staging.name, pfd, dest.name, beneath.RENAME_EXCHANGE)
+            aside = staging.name
         except OSError as exc:
             if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
                 raise
             # No RENAME_EXCHANGE here: a moment without DEST beats a mixed tree.
-            aside = dest.parent / f".{dest.name}.hotcache-old"
-            os.rename(dest, aside)
-            os.rename(staging, dest)
-            staging = aside
-        fsops.fsync_dir(dest.parent)
-        shutil.rmtree(staging)
-    else:
-        os.rename(staging, dest)   # also replaces an empty folder
-    fsops.fsync_dir(dest.parent)
+            aside = f".{dest.name}.hotcache-old"
+            beneath.rename_at(pfd, dest.name, pfd, aside, beneath.RENAME_NOREPLACE)
+            beneath.rename_at(pfd, staging.name, pfd, dest.name, beneath.RENAME_NOREPLACE)
+        os.fsync(pfd)
+        try:   # the old tree, through the descriptor held since the start
+            beneath.empty(place.dest_fd)
+            beneath.rmdir_if(pfd, aside, place.dest_st)
+        except OSError as exc:
+            meter.note(f"warning: the previous version could not be removed completely "
+                       f"({exc}); remove {dest.parent / aside} yourself")
+    os.fsync(pfd)
+
+
+def _publish_into_mountpoint(staging: Staging, place: Place) -> None:
+    """DEST is a mountpoint: it cannot be renamed, so the copy was staged inside it and
+    its top-level entries are moved in one by one. The metadata file goes first (DEST
+    stops being a complete hot copy) and comes back last, so a reader never takes a
+    half-swapped DEST for a complete copy. Old entries are swapped into the staging
+    folder and removed with it."""
+    dfd, sfd = place.dest_fd, staging.fd
+    try:
+        os.unlink(METADATA, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+    os.fsync(dfd)
+    new = set(os.listdir(sfd)) - {METADATA}
+    for name in sorted(new):
+        flags = beneath.RENAME_EXCHANGE if beneath.lstat_at(dfd, name) else \
+            beneath.RENAME_NOREPLACE
+        beneath.rename_at(sfd, name, dfd, name, flags)
+    for name in set(os.listdir(dfd)) - new - {staging.name, "lost+found"}:
+        beneath.rename_at(dfd, name, sfd, name, beneath.RENAME_NOREPLACE)   # old only
+    beneath.rename_at(sfd, METADATA, dfd, METADATA, beneath.RENAME_NOREPLACE)
+    os.fsync(dfd)
+    beneath.empty(sfd)
+    beneath.rmdir_if(dfd, staging.name, staging.st)
+    os.fsync(dfd)
 
 
 def _record(dest: Path, meta: dict, state: Path | None, meter: NullMeter) -> str | None:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hotcache.provision.system import fsops
+from hotcache.provision.system import beneath, fsops
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.system.meter import NullMeter
 from hotcache.provision.hotcopy.selection import Entry
@@ -72,9 +72,12 @@ def buffer(local: threading.local) -> memoryview:
 
 @dataclass
 class FileCopier:
-    src: Path
-    staging: Path
-    dest: Path                          # the published copy, for refresh hard links
+    """Copies files from the folder `src_fd` (SRC) into the folder `staging_fd`; every
+    open is beneath its folder (system/beneath.py) and checked against the walk."""
+    src: Path                           # for messages only: all I/O goes through the fds
+    src_fd: int
+    staging_fd: int
+    dest_fd: int | None = None          # the published copy, for refresh hard links
     mode: int | None = None             # file permission bits, None: as in the source
     owner: tuple[int, int] | None = None
     limiter: Limiter | None = None
@@ -87,14 +90,29 @@ class FileCopier:
         default_factory=lambda: threading.BoundedSemaphore(large_streams()))
 
     def open_source(self, e: Entry) -> int:
-        path = os.path.join(self.src, e.rel)
-        if e.via_symlink:
-            real = Path(path).resolve()
-            if not real.is_relative_to(self.src):
-                raise HotcacheError(f"{path} now points out of the source; run again")
-            return os.open(real, os.O_RDONLY | os.O_CLOEXEC)
-        # O_NOFOLLOW: a file swapped for a symlink since the walk fails instead of leaking
-        return os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        """The source file the walk saw, or an error: a symlink anywhere on the way (a
+        folder swapped since the walk) or another file at that name is refused."""
+        try:
+            fd = beneath.open_at(self.src_fd, e.source, os.O_RDONLY)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
+                raise
+            raise HotcacheError(f"{self.src / e.rel} now leads through a symlink; it was "
+                                "not copied", hint="make sure nobody changes the source "
+                                "during the copy, then run again") from None
+        if e.ino:
+            try:
+                beneath.expect(fd, (e.dev, e.ino), e.rel)
+            except beneath.Swapped:
+                os.close(fd)
+                raise HotcacheError(f"{self.src / e.rel} was replaced by another file since "
+                                    "the source was listed; it was not copied",
+                                    hint="make sure nobody changes the source during the "
+                                         "copy, then run again") from None
+        return fd
+
+    def file_mode(self, source_mode: int) -> int:
+        return beneath.strip_privilege(self.mode if self.mode is not None else source_mode)
 
     def hash_source(self, e: Entry) -> str:
         h = hashlib.sha256()
@@ -130,17 +148,17 @@ class FileCopier:
                 raise HotcacheError(f"{self.src / e.rel} is no longer a regular file")
             if st.st_size > CHUNK:   # more readahead; a small file is one read anyway
                 os.posix_fadvise(sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            dfd = os.open(os.path.join(self.staging, e.rel), os.O_WRONLY | os.O_CREAT
-                          | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            dfd = beneath.open_at(self.staging_fd, e.rel,
+                                  os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 digest, total = self._pump(sfd, dfd, st.st_size)
                 after = os.fstat(sfd)
                 if total != after.st_size or after.st_mtime_ns != st.st_mtime_ns:
                     self.meter.advance(-total)
                     raise _Changed()
-                os.fchmod(dfd, self.mode if self.mode is not None else stat.S_IMODE(st.st_mode))
                 if self.owner:
                     os.fchown(dfd, *self.owner)
+                os.fchmod(dfd, self.file_mode(st.st_mode))
                 os.utime(dfd, ns=(st.st_atime_ns, st.st_mtime_ns))
             finally:
                 os.close(dfd)
@@ -229,22 +247,55 @@ class FileCopier:
         return h.hexdigest(), total
 
     def link(self, e: Entry, digest: str) -> Done:
-        """Take an unchanged file from the published copy: a hard link, no data moved."""
-        target = os.path.join(self.staging, e.rel)
-        if os.path.lexists(target):
-            os.unlink(target)
-        try:
-            os.link(os.path.join(self.dest, e.rel), target, follow_symlinks=False)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOENT):
-                raise
+        """Take an unchanged file from the published copy: a hard link, no data moved.
+        The published file is opened beneath DEST (no symlink) and checked (a regular
+        file of the recorded size and mtime, owned by root or by the copy's owner); the
+        link is made to that open file, whose mode and owner are then set on the same
+        descriptor. Anything else is copied afresh."""
+        pfd = self._published(e)
+        if pfd is None:
             return self.copy(e)
-        if self.mode is not None:
-            os.chmod(target, self.mode)
-        if self.owner:
-            os.chown(target, *self.owner)
+        try:
+            folder, _, name = e.rel.rpartition("/")
+            dirfd = beneath.open_at(self.staging_fd, folder or ".", beneath.DIR)
+            try:
+                try:
+                    os.unlink(name, dir_fd=dirfd)
+                except FileNotFoundError:
+                    pass
+                try:   # linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd: exactly this inode
+                    os.link(f"/proc/self/fd/{pfd}", name, dst_dir_fd=dirfd,
+                            follow_symlinks=True)
+                except OSError as exc:
+                    if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK,
+                                         errno.ENOENT):
+                        raise
+                    return self.copy(e)
+            finally:
+                os.close(dirfd)
+            if self.owner:
+                os.fchown(pfd, *self.owner)
+            os.fchmod(pfd, self.file_mode(os.fstat(pfd).st_mode))
+        finally:
+            os.close(pfd)
         self.meter.advance(e.size)
         return e.rel, e.size, e.mtime_ns, digest
+
+    def _published(self, e: Entry) -> int | None:
+        """An open descriptor of DEST's file for `e` when it can be linked, else None."""
+        if self.dest_fd is None:
+            return None
+        try:
+            fd = beneath.open_at(self.dest_fd, e.rel, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return None   # gone, or a symlink planted there: copy afresh
+        st = os.fstat(fd)
+        owners = {os.geteuid(), *((self.owner[0],) if self.owner else ())}
+        if (stat.S_ISREG(st.st_mode) and st.st_size == e.size
+                and st.st_mtime_ns == e.mtime_ns and st.st_uid in owners):
+            return fd
+        os.close(fd)
+        return None
 
     def check(self, e: Entry, digest: str) -> Done:
         """--checksum: hash the source; link when it matches the published copy."""

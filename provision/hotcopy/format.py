@@ -14,6 +14,7 @@ metadata file (or a staging directory) is never a hot copy.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 FORMAT = 1
@@ -21,6 +22,12 @@ MANIFEST = "SHA256SUMS"
 METADATA = ".hotcache-copy.json"
 STAGING_SUFFIX = ".hotcache-staging"
 RESERVED = {MANIFEST, METADATA}
+
+
+def home(dest: Path) -> Path:
+    """The folder on DEST's own filesystem where its staging folder goes: DEST's parent,
+    or DEST itself when DEST is a mountpoint (space is counted there too)."""
+    return dest if os.path.ismount(dest) else dest.parent
 
 
 def staging_dir(dest: Path) -> Path:
@@ -31,8 +38,10 @@ def read_metadata(dest: Path) -> dict | None:
     """The metadata of a complete, published hot copy at `dest`, or None."""
     if dest.name.endswith(STAGING_SUFFIX):
         return None
-    try:
-        meta = json.loads((dest / METADATA).read_text())
+    try:   # never through a symlink planted at the metadata's name
+        fd = os.open(dest / METADATA, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            meta = json.loads(f.read())
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not meta.get("complete"):

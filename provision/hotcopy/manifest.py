@@ -2,14 +2,17 @@
 `cd DEST && sha256sum -c SHA256SUMS` checks a hot copy.
 
 A line is `<hex>  <path>`. A path holding a backslash, newline or carriage return is
-escaped (`\\\\`, `\\n`, `\\r`) and its line starts with a backslash: coreutils' rule.
+escaped (`\\\\`, `\\n`, `\\r`) and its line starts with a backslash: coreutils' rule
+(checked against GNU coreutils 9.1). Every other byte is written as it is, so a name that
+is not UTF-8 (`caf\\xe9.jpg`) appears in its raw bytes, as sha256sum writes it. Names
+are str with surrogateescape, as the os module gives them.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from hotcache.provision.system.atomic import write_atomic
 from hotcache.provision.errors import UsageError
 
 _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
@@ -21,9 +24,9 @@ def line(digest: str, rel: str) -> str:
     return f"{digest}  {rel}\n"
 
 
-def write(path: Path, digests: dict[str, str]) -> None:
-    """Write the manifest for {relative path: sha256 hex}, sorted by path, atomically."""
-    write_atomic(path, "".join(line(digests[rel], rel) for rel in sorted(digests)))
+def text(digests: dict[str, str]) -> bytes:
+    """The manifest for {relative path: sha256 hex}, sorted by path, as bytes."""
+    return b"".join(os.fsencode(line(digests[rel], rel)) for rel in sorted(digests))
 
 
 def _unescape(text: str) -> str:
@@ -38,10 +41,14 @@ def _unescape(text: str) -> str:
     return "".join(out)
 
 
-def read(path: Path) -> dict[str, str]:
-    """{relative path: sha256 hex} from a manifest written by `write` or by sha256sum."""
+def read(path: Path, dir_fd: int | None = None) -> dict[str, str]:
+    """{relative path: sha256 hex} from a manifest written from `text` or by sha256sum.
+    The manifest itself is never a symlink (O_NOFOLLOW); with `dir_fd`, `path` is a name
+    in that folder."""
     try:
-        text = path.read_text(encoding="utf-8", errors="surrogateescape")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        with open(fd, "rb") as f:
+            text = os.fsdecode(f.read())
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the manifest ({exc.strerror})") from None
     digests: dict[str, str] = {}

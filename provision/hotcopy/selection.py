@@ -16,16 +16,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotcache.provision.errors import UsageError
+from hotcache.provision.system import beneath
 from hotcache.provision.hotcopy.format import RESERVED, STAGING_SUFFIX
 
 
 @dataclass(frozen=True)
 class Entry:
-    rel: str          # path relative to SRC, '/'-separated
+    rel: str          # path relative to SRC, '/'-separated (surrogateescape for odd bytes)
     size: int
     mtime_ns: int
     mode: int         # permission bits of the source file
     via_symlink: bool = False   # a symlink inside SRC to a file inside SRC
+    dev: int = 0      # the file the walk saw (for a symlink: the file it names); the copy
+    ino: int = 0      # opens exactly this file or refuses
+    target: str = ""  # for a symlink: the path (relative to SRC) of the file it names
+
+    @property
+    def source(self) -> str:
+        """What to open beneath SRC: the file itself, or the file a symlink names."""
+        return self.target or self.rel
 
 
 @dataclass
@@ -53,48 +62,54 @@ class Selection:
 
 
 def walk(src: Path) -> Selection:
-    """Every regular file under `src` (sorted), plus a warning for each thing skipped."""
+    """Every regular file under `src` (sorted), plus a warning for each thing skipped.
+    The walk goes through folder descriptors (os.fwalk): a folder swapped for a symlink
+    while it runs is not entered."""
     src = src.resolve()
     entries: list[Entry] = []
     warnings: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(src, onerror=_raise):
-        dirnames.sort()
-        top = Path(dirpath)
-        # Symlinked folders show up in dirnames; os.walk does not follow them, say so.
-        for d in [d for d in dirnames if os.path.islink(top / d)]:
-            warnings.append(f"skipped {_rel(src, top / d)}: symlink to a folder is not followed")
-        for name in sorted(filenames):
-            path = top / name
-            rel = _rel(src, path)
-            if top == src and (name in RESERVED or name.startswith(".hotcache-")
-                               or name.endswith(STAGING_SUFFIX)):
-                warnings.append(f"skipped {rel}: a hotcache file name")
-                continue
-            st = os.lstat(path)
-            link = stat.S_ISLNK(st.st_mode)
-            if link:
-                target = path.resolve()
-                if not target.is_relative_to(src):
-                    warnings.append(f"skipped {rel}: symlink points out of the source ({target})")
+    root = beneath.open_root(src)
+    try:
+        for top, dirnames, filenames, fd in beneath.walk(root):
+            dirnames.sort()
+            for d in [d for d in dirnames if _is_link(d, fd)]:
+                warnings.append(f"skipped {_join(top, d)}: symlink to a folder is not followed")
+            for name in sorted(filenames):
+                rel = _join(top, name)
+                if not top and (name in RESERVED or name.startswith(".hotcache-")
+                                or name.endswith(STAGING_SUFFIX)):
+                    warnings.append(f"skipped {rel}: a hotcache file name")
                     continue
-                try:
-                    st = os.stat(target)
-                except FileNotFoundError:
-                    warnings.append(f"skipped {rel}: broken symlink")
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                link = stat.S_ISLNK(st.st_mode)
+                target = ""
+                if link:
+                    real = Path(os.path.realpath(src / rel))
+                    if not real.is_relative_to(src):
+                        warnings.append(f"skipped {rel}: symlink points out of the source ({real})")
+                        continue
+                    try:
+                        st = os.stat(real, follow_symlinks=False)
+                    except FileNotFoundError:
+                        warnings.append(f"skipped {rel}: broken symlink")
+                        continue
+                    target = real.relative_to(src).as_posix()
+                if not stat.S_ISREG(st.st_mode):
+                    warnings.append(f"skipped {rel}: not a regular file ({_kind(st.st_mode)})")
                     continue
-            if not stat.S_ISREG(st.st_mode):
-                warnings.append(f"skipped {rel}: not a regular file ({_kind(st.st_mode)})")
-                continue
-            entries.append(Entry(rel, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode), link))
+                entries.append(Entry(rel, st.st_size, st.st_mtime_ns, stat.S_IMODE(st.st_mode),
+                                     link, st.st_dev, st.st_ino, target))
+    finally:
+        os.close(root)
     return Selection(entries, warnings)
 
 
-def _raise(err: OSError) -> None:
-    raise err
+def _is_link(name: str, dirfd: int) -> bool:
+    return stat.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode)
 
 
-def _rel(src: Path, path: Path) -> str:
-    return path.relative_to(src).as_posix()
+def _join(top: str, name: str) -> str:
+    return f"{top}/{name}" if top else name
 
 
 def _kind(mode: int) -> str:
@@ -179,7 +194,8 @@ def _ranked_classes(sel: Selection, seed: int) -> list[list[Entry]]:
     groups: dict[str, list[Entry]] = {}
     for e in sel.entries:
         groups.setdefault(e.rel.split("/", 1)[0] if "/" in e.rel else "", []).append(e)
-    return [sorted(members, key=lambda e: hashlib.sha256(f"{seed}\0{e.rel}".encode()).digest())
+    return [sorted(members, key=lambda e: hashlib.sha256(
+        f"{seed}\0{e.rel}".encode("utf-8", "surrogateescape")).digest())
             for _cls, members in sorted(groups.items())]
 
 

@@ -1,52 +1,124 @@
-"""The staging folder of a hot copy (`.{DEST.name}.hotcache-staging`, next to DEST): where
-a copy is built before it is published. It is locked while a copy uses it, carries a
-header naming its source, and a journal of the files known to be on stable storage, so
-that a run killed at any point can resume."""
+"""The staging folder of a hot copy: where a copy is built before it is published. It
+lies next to DEST (`.{DEST.name}.hotcache-staging`), or inside DEST when DEST is a
+mountpoint, so that it is always on DEST's own filesystem. It is locked while a copy uses
+it, carries a header naming its source, and a journal of the files known to be on stable
+storage, so that a run killed at any point can resume.
+
+The folder is hotcache's or it is refused. It is made with mkdir (never reused blindly)
+as a real folder owned by the effective user, mode 0700, so nobody else can enter it;
+a folder already at that name is reused only when lstat and fstat show exactly that,
+otherwise the copy is refused naming its owner. Everything inside is reached through
+the folder's descriptor (system/beneath.py), so renaming the folder away or planting a
+symlink at its name redirects nothing.
+"""
 
 from __future__ import annotations
 
 import fcntl
 import json
 import os
-import shutil
+import pwd
+import stat
 from pathlib import Path
 
-from hotcache.provision.system.atomic import write_atomic
 from hotcache.provision.errors import RefusedError
-from hotcache.provision.hotcopy.format import staging_dir
+from hotcache.provision.system import beneath
 
 HEADER = ".hotcache-staging.json"   # which source this staging folder belongs to
 JOURNAL = ".hotcache-journal"       # one JSON line per finished file: rel, size, mtime, sha
+MODE = 0o700
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 class Staging:
-    def __init__(self, dest: Path):
-        self.path = staging_dir(dest)
-        self._fd: int | None = None
+    """`parent_fd` is the folder holding the staging folder (DEST's parent, or DEST itself
+    when DEST is a mountpoint); `name` is the staging folder's name in it."""
+
+    def __init__(self, path: Path, parent_fd: int):
+        self.path = path
+        self.name = path.name
+        self.parent_fd = parent_fd
+        self.fd: int | None = None
+        self.st: os.stat_result | None = None
         self._journal = None
+
+    # ------------------------------------------------------------ ours or refused
+    def exists(self) -> bool:
+        return beneath.lstat_at(self.parent_fd, self.name) is not None
+
+    def _refuse(self, st: os.stat_result, why: str) -> None:
+        raise RefusedError(
+            f"{self.path} is not a staging folder hotcache made: {why} (owner "
+            f"{_user(st.st_uid)}, mode {stat.filemode(st.st_mode)}); hotcache neither "
+            "reuses nor deletes it",
+            hint=f"look at what it holds, remove it yourself (rm -r {self.path}), and "
+                 "run the copy again")
+
+    def open(self) -> bool:
+        """Open and lock an existing staging folder after checking it is ours; False when
+        there is none."""
+        st = beneath.lstat_at(self.parent_fd, self.name)
+        if st is None:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            self._refuse(st, "it is not a folder")
+        if st.st_uid != os.geteuid():
+            self._refuse(st, "another user owns it")
+        if stat.S_IMODE(st.st_mode) != MODE:
+            self._refuse(st, "its mode is not 0700")
+        fd = beneath.open_at(self.parent_fd, self.name, beneath.DIR)
+        try:
+            beneath.expect(fd, st, str(self.path))
+        except OSError:
+            os.close(fd)
+            raise RefusedError(f"{self.path} was replaced while hotcache looked at it",
+                               hint="make sure nobody else writes there; run again") from None
+        self.fd, self.st = fd, st
+        self.lock()
+        return True
+
+    def create(self, src: Path) -> None:
+        """A new staging folder (mkdir; a folder already there is opened by `open`)."""
+        if self.fd is None:
+            os.mkdir(self.name, MODE, dir_fd=self.parent_fd)
+            fd = beneath.open_at(self.parent_fd, self.name, beneath.DIR)
+            # the parent may be setgid (group-shared mounts are): take the folder back
+            os.fchown(fd, os.geteuid(), os.getegid())
+            os.fchmod(fd, MODE)
+            self.fd, self.st = fd, os.fstat(fd)
+            self.lock()
+        beneath.write_file(self.fd, HEADER, json.dumps({"source": os.fsdecode(src)}).encode(),
+                           0o600)
 
     def lock(self) -> None:
         """Hold an flock on the folder itself: a second copy to the same DEST is refused."""
-        self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(self._fd)
-            self._fd = None
+            self.close()
             raise RefusedError(f"another hotcache copy is writing {self.path}",
                                hint="wait for it to finish") from None
 
-    def unlock(self) -> None:
+    def close(self) -> None:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
+    unlock = close
+
+    # ------------------------------------------------------------ header and journal
     def source(self) -> str | None:
         try:
-            return json.loads((self.path / HEADER).read_text()).get("source")
+            return json.loads(beneath.read_file(self.fd, HEADER)).get("source")
         except (OSError, ValueError, AttributeError):
             return None
 
@@ -54,7 +126,7 @@ class Staging:
         """{rel: (size, mtime_ns, sha256)} of the files an earlier run finished."""
         done = {}
         try:
-            text = (self.path / JOURNAL).read_text()
+            text = beneath.read_file(self.fd, JOURNAL).decode()
         except FileNotFoundError:
             return done
         for line in text.splitlines():
@@ -65,26 +137,25 @@ class Staging:
             done[rel] = (size, mtime_ns, digest)
         return done
 
-    def create(self, src: Path) -> None:
-        self.path.mkdir(mode=0o700, exist_ok=True)
-        self.lock()
-        write_atomic(self.path / HEADER, json.dumps({"source": str(src)}))
-
     def prune(self, keep: set[str]) -> None:
         """Remove what an earlier run left that is neither journaled nor wanted now."""
-        for dirpath, _dirnames, filenames in os.walk(self.path, topdown=False):
-            top = Path(dirpath)
-            for name in filenames:
-                rel = (top / name).relative_to(self.path).as_posix()
+        for top, dirs, files, fd in beneath.walk(self.fd, topdown=False):
+            for name in files:
+                rel = f"{top}/{name}" if top else name
                 if rel not in keep and rel not in (HEADER, JOURNAL):
-                    os.unlink(top / name)
-            if top != self.path and not any(top.iterdir()):
-                top.rmdir()
+                    os.unlink(name, dir_fd=fd)
+            for name in dirs:
+                try:
+                    os.rmdir(name, dir_fd=fd)
+                except OSError:
+                    pass   # not empty: it holds journaled files
 
     def append(self, done: list[tuple[str, int, int, str]]) -> None:
-        """Journal files whose data the caller has already made durable (syncfs)."""
+        """Journal files whose data the caller has already made durable (syncfs).
+        json.dumps writes a non-UTF-8 name as \\udcXX escapes: the journal stays ASCII."""
         if self._journal is None:
-            self._journal = open(self.path / JOURNAL, "a")
+            fd = beneath.open_at(self.fd, JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            self._journal = os.fdopen(fd, "a")
         self._journal.write("".join(json.dumps(list(d)) + "\n" for d in done))
         self._journal.flush()
 
@@ -94,19 +165,37 @@ class Staging:
             self._journal.close()
             self._journal = None
         keep = {r: v for r, v in self.journaled().items() if r not in rels}
-        write_atomic(self.path / JOURNAL,
-                     "".join(json.dumps([r, *v]) + "\n" for r, v in keep.items()))
+        beneath.write_file(self.fd, JOURNAL, "".join(
+            json.dumps([r, *v]) + "\n" for r, v in keep.items()).encode(), 0o600)
         for rel in rels:
-            (self.path / rel).unlink(missing_ok=True)
+            folder, _, name = rel.rpartition("/")
+            fd = beneath.open_at(self.fd, folder or ".", beneath.DIR)
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            finally:
+                os.close(fd)
 
     def seal(self) -> None:
-        """The copy is complete: drop the bookkeeping before the folder becomes DEST."""
+        """The copy is complete: drop the bookkeeping before the folder becomes DEST.
+        The manifest is written before this, so a failure there leaves the journal."""
         if self._journal is not None:
             self._journal.close()
             self._journal = None
-        (self.path / HEADER).unlink(missing_ok=True)
-        (self.path / JOURNAL).unlink(missing_ok=True)
+        for name in (HEADER, JOURNAL):
+            try:
+                os.unlink(name, dir_fd=self.fd)
+            except FileNotFoundError:
+                pass
 
     def remove(self) -> None:
-        self.unlock()
-        shutil.rmtree(self.path, ignore_errors=True)
+        """Delete the staging folder: its contents through its descriptor, then the name,
+        only while the name still is this folder."""
+        if self.fd is None and not self.open():
+            return
+        try:
+            beneath.empty(self.fd)
+            beneath.rmdir_if(self.parent_fd, self.name, self.st)
+        finally:
+            self.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hotcache.provision.errors import UsageError
 from hotcache.provision.hotcopy import manifest
-from hotcache.provision.hotcopy.format import MANIFEST, read_metadata
+from hotcache.provision.hotcopy.format import MANIFEST, home, read_metadata
 from hotcache.provision.hotcopy.selection import Selection, narrow, fit
 from hotcache.provision.hotcopy.sizing import Advice, advise, budget_bytes
 
@@ -42,7 +42,7 @@ def sized(sel: Selection, dest: Path, *, fit_: bool, budget: str | None, margin:
                              "--budget too")
         return sel
     reusable = int((old or {}).get("bytes") or 0)
-    limit, how = budget_bytes(budget, dest.parent, reusable)
+    limit, how = budget_bytes(budget, home(dest), reusable)
     target = int(limit / (1 + margin))
     picked, share = fit(sel, target, seed)
     if not picked.entries:
@@ -72,5 +72,5 @@ def _kept(sel: Selection, dest: Path, old: dict, rule: dict, note) -> Selection:
 def advice_for(sel: Selection, dest: Path) -> Advice:
     """The selection (before any --fit) against what DEST's filesystem can take."""
     old = read_metadata(dest) if dest.is_dir() else None
-    available, _how = budget_bytes(None, dest.parent, int((old or {}).get("bytes") or 0))
-    return advise(sel.bytes, available, "the selection", f"the free space at {dest.parent}")
+    available, _how = budget_bytes(None, home(dest), int((old or {}).get("bytes") or 0))
+    return advise(sel.bytes, available, "the selection", f"the free space at {home(dest)}")

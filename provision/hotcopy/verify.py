@@ -18,21 +18,25 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from hotcache.provision.hotcopy import manifest
-from hotcache.provision.system.atomic import write_atomic
+from hotcache.provision.system import beneath
 from hotcache.provision.errors import HotcacheError, UsageError
 from hotcache.provision.hotcopy.filecopy import CHUNK, default_jobs
-from hotcache.provision.hotcopy.format import MANIFEST, METADATA, RESERVED, read_metadata
+from hotcache.provision.hotcopy.format import (MANIFEST, METADATA, RESERVED, STAGING_SUFFIX,
+                                               read_metadata)
 from hotcache.provision.mapping import now
 from hotcache.provision.system.meter import NullMeter
 
 
-def sha256_file(path: Path, meter: NullMeter, evict: bool = False) -> str:
-    """The file's sha256. With `evict`, its cached pages are dropped first so the bytes
-    come from the device, not from what the page cache remembers of the write."""
+def sha256_file(root_fd: int, rel: str, meter: NullMeter, evict: bool = False) -> str:
+    """The sha256 of `rel` beneath the folder `root_fd` (no symlink followed anywhere on
+    the way). With `evict`, its cached pages are dropped first so the bytes come from the
+    device, not from what the page cache remembers of the write."""
     h = hashlib.sha256()
     buf = memoryview(bytearray(CHUNK))
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = beneath.open_at(root_fd, rel, os.O_RDONLY | os.O_NONBLOCK)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return "not a regular file"
         if evict:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         while n := os.readv(fd, [buf]):
@@ -43,12 +47,18 @@ def sha256_file(path: Path, meter: NullMeter, evict: bool = False) -> str:
     return h.hexdigest()
 
 
-def hash_files(root: Path, rels: list[str], digests: dict[str, str], jobs: int,
-                meter: NullMeter, evict: bool = False) -> list[dict]:
-    """Hash `rels` under `root` in parallel; a problem for each that differs."""
+def hash_files(root_fd: int, rels: list[str], digests: dict[str, str], jobs: int,
+               meter: NullMeter, evict: bool = False) -> list[dict]:
+    """Hash `rels` beneath the folder `root_fd` in parallel; a problem for each that
+    differs."""
     def check(rel: str) -> dict | None:
-        got = sha256_file(root / rel, meter, evict)
-        meter.file_done()
+        try:
+            got = sha256_file(root_fd, rel, meter, evict)
+        except OSError as exc:
+            return {"path": rel, "problem": f"cannot be read ({exc.strerror}; a symlink "
+                                            "on the way is never followed)"}
+        finally:
+            meter.file_done()
         if got != digests[rel]:
             return {"path": rel, "problem": f"sha256 {got} differs from the manifest's "
                                             f"{digests[rel]}"}
@@ -59,17 +69,20 @@ def hash_files(root: Path, rels: list[str], digests: dict[str, str], jobs: int,
         return [p for p in pool.map(check, rels) if p]
 
 
-def _present(dest: Path) -> dict[str, int]:
-    """{rel: size} of every regular file in DEST except hotcache's own; other kinds
+def _present(root_fd: int) -> dict[str, int]:
+    """{rel: size} of every regular file in DEST except hotcache's own (and, on a
+    mountpoint, lost+found and an unfinished refresh's staging folder); other kinds
     (symlinks, FIFOs) get size -1 so that they count as wrong."""
     found = {}
-    for dirpath, _dirs, files in os.walk(dest):
-        for name in files:
-            path = Path(dirpath) / name
-            rel = path.relative_to(dest).as_posix()
+    for top, dirs, files, fd in beneath.walk(root_fd):
+        if not top:
+            dirs[:] = [d for d in dirs if d != "lost+found" and not d.endswith(STAGING_SUFFIX)]
+        for name in files + [d for d in dirs
+                             if stat.S_ISLNK(os.stat(d, dir_fd=fd, follow_symlinks=False).st_mode)]:
+            rel = f"{top}/{name}" if top else name
             if rel in RESERVED:
                 continue
-            st = os.lstat(path)
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             found[rel] = st.st_size if stat.S_ISREG(st.st_mode) else -1
     return found
 
@@ -86,8 +99,16 @@ def verify(dest: Path, mode: str = "fast", sample: int = 0, jobs: int = 0,
                          f"{MANIFEST})", hint="make one with `hotcache copy SRC DEST`")
     if mode == "sample" and sample < 1:
         raise UsageError(f"--sample {sample}: give how many files to hash (1 or more)")
-    digests = manifest.read(dest / MANIFEST)
-    present = _present(dest)
+    root = beneath.open_root(dest)
+    try:
+        return _verify(dest, root, meta, mode, sample, jobs, meter, state, record)
+    finally:
+        os.close(root)
+
+
+def _verify(dest, root, meta, mode, sample, jobs, meter, state, record) -> dict:
+    digests = manifest.read(MANIFEST, dir_fd=root)
+    present = _present(root)
     problems: list[dict] = []
     for rel in sorted(set(digests) - set(present)):
         problems.append({"path": rel, "problem": "missing"})
@@ -111,17 +132,17 @@ def verify(dest: Path, mode: str = "fast", sample: int = 0, jobs: int = 0,
         to_hash = []
     meter.start(f"verify {dest.name} ({mode})", sum(present[r] for r in to_hash),
                 len(to_hash))
-    problems.extend(hash_files(dest, to_hash, digests, jobs, meter))
+    problems.extend(hash_files(root, to_hash, digests, jobs, meter))
     ok = not problems
     report = {"path": str(dest), "name": meta.get("name"), "version": meta.get("version"),
               "mode": mode, "files": len(digests), "bytes": total, "hashed_files": len(to_hash),
               "ok": ok, "problems": problems, "verified_at": now(), "recorded": False}
     if record:
-        report["recorded"] = _record(dest, meta, report, state)
+        report["recorded"] = _record(dest, root, meta, report, state)
     return report
 
 
-def _record(dest: Path, meta: dict, report: dict, state: Path | None) -> bool:
+def _record(dest: Path, root: int, meta: dict, report: dict, state: Path | None) -> bool:
     """Store the outcome in the metadata (and the mapping); a read-only copy is fine."""
     from hotcache.provision.hotcopy.catalog import record
 
@@ -130,12 +151,11 @@ def _record(dest: Path, meta: dict, report: dict, state: Path | None) -> bool:
     meta = {**meta, "verified_at": report["verified_at"], "verify_ok": report["ok"],
             "verify_mode": report["mode"],
             "verify_failed": [p["path"] for p in report["problems"]]}
-    try:
-        st = os.stat(dest / METADATA)
-        write_atomic(dest / METADATA, json.dumps(meta, indent=2) + "\n",
-                     mode=stat.S_IMODE(st.st_mode))
-        if os.geteuid() == 0:
-            os.chown(dest / METADATA, st.st_uid, st.st_gid)
+    try:   # replaced beneath DEST's descriptor, owner and mode set on the new file's fd
+        st = os.stat(METADATA, dir_fd=root, follow_symlinks=False)
+        beneath.write_file(root, METADATA, (json.dumps(meta, indent=2) + "\n").encode(),
+                           beneath.strip_privilege(st.st_mode),
+                           (st.st_uid, st.st_gid) if os.geteuid() == 0 else None)
     except PermissionError:
         return False
     try:

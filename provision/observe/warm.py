@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from hotcache.provision.system import beneath
 from hotcache.provision.system import sizes as units
 from hotcache.provision.errors import HotcacheError, UsageError
 from hotcache.provision.hotcopy.filecopy import CHUNK, default_jobs
@@ -86,27 +87,28 @@ QUIET_PASSES = 3        # full passes in a row that promoted nothing and missed 
 FULL = 0.99             # share of the cache in use at which it can take no more
 
 
-def files_under(path: Path) -> list[tuple[Path, int]]:
-    """Regular files under `path` (symlinks are not followed), with their sizes."""
-    if path.is_file():
-        return [(path, path.stat().st_size)]
+def files_under(root_fd: int) -> list[tuple[Path, int]]:
+    """Regular files beneath the folder `root_fd` (paths relative to it; symlinks are
+    neither followed nor listed), with their sizes."""
     out = []
-    for dirpath, _dirs, names in os.walk(path):
+    for top, _dirs, names, fd in beneath.walk(root_fd):
         for name in names:
-            p = Path(dirpath) / name
-            st = os.lstat(p)
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISREG(st.st_mode):
-                out.append((p, st.st_size))
+                out.append((Path(top) / name, st.st_size))
     return out
 
 
-def read_file(path: Path, evict: bool, meter: NullMeter, local) -> tuple[int, float]:
-    """Read one file; (bytes, seconds the read took)."""
+def read_file(root_fd: int, rel: Path, evict: bool, meter: NullMeter,
+              local) -> tuple[int, float]:
+    """Read one file beneath `root_fd` (no symlink followed on the way: a folder swapped
+    for a symlink since the listing is an error, not a read elsewhere); (bytes, seconds
+    the read took)."""
     buf = getattr(local, "buf", None)
     if buf is None:
         buf = local.buf = memoryview(bytearray(CHUNK))
     t0 = time.monotonic()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = beneath.open_at(root_fd, str(rel), os.O_RDONLY | os.O_NONBLOCK)
     total = 0
     try:
         if evict:
@@ -133,13 +135,14 @@ def forget_metadata() -> bool:
 
 
 def read_pass(files: list[tuple[Path, int]], jobs: int, evict: bool,
-              meter: NullMeter) -> tuple[int, list[float]]:
-    """Read the files in parallel; (bytes, each file's read time in `files` order)."""
+              meter: NullMeter, root_fd: int) -> tuple[int, list[float]]:
+    """Read the files (beneath `root_fd`) in parallel; (bytes, each file's read time in
+    `files` order)."""
     import threading
 
     local = threading.local()
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="hotcache-warm") as pool:
-        done = list(pool.map(lambda f: read_file(f[0], evict, meter, local), files))
+        done = list(pool.map(lambda f: read_file(root_fd, f[0], evict, meter, local), files))
     return sum(n for n, _ in done), [t for _, t in done]
 
 
@@ -333,6 +336,7 @@ class Reader:
     meter: NullMeter
     stats: Callable[[], dict | None]
     last: dict | None
+    root_fd: int              # the folder being warmed: every file is opened beneath it
 
     origin: Callable[[], int | None] = lambda: None   # bytes read from the origin so far
     metadata: bool = True     # still allowed to drop dentries and inodes
@@ -344,7 +348,8 @@ class Reader:
         self.meter.start(label, sum(size for _, size in files), len(files))
         origin0 = self.origin()
         t0 = time.monotonic()
-        read, self.seconds = read_pass(files, self.jobs, self.evict, self.meter)
+        read, self.seconds = read_pass(files, self.jobs, self.evict, self.meter,
+                                       self.root_fd)
         seconds = time.monotonic() - t0
         now, origin1 = self.stats(), self.origin()
         out = {"bytes": read, "files": len(files), "seconds": round(seconds, 3),
@@ -416,13 +421,25 @@ def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None =
                 origin = origin or origin_reads(path, runner)
     backend = backend or "none"
     stats = stats or (lambda: None)
-    files = files_under(path)
+    root_fd = beneath.open_root(path if path.is_dir() else path.parent)
+    try:
+        return _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache)
+    finally:
+        os.close(root_fd)
+
+
+def _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache) -> dict:
+    if path.is_dir():
+        files = files_under(root_fd)
+    else:
+        st = os.stat(path.name, dir_fd=root_fd, follow_symlinks=False)
+        files = [(Path(path.name), st.st_size)] if stat.S_ISREG(st.st_mode) else []
     total = sum(size for _, size in files)
     block = backend in BLOCK_CACHES
     smq = backend in SMQ
     limit = max_passes if block else 1
     before = stats()
-    reader = Reader(jobs or default_jobs(), block, meter, stats, before,
+    reader = Reader(jobs or default_jobs(), block, meter, stats, before, root_fd,
                     origin or (lambda: None))
     swept = sweep(reader, files) if smq and before is not None else []
     passes: list[dict] = []

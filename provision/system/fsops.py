@@ -12,10 +12,11 @@ _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
 
-def syncfs(path: str | os.PathLike) -> None:
-    """Flush the whole filesystem holding `path` to stable storage, like `sync` but for
-    one filesystem; since Linux 5.8 it reports write-back errors (ENOSPC, EIO)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def syncfs(path: str | os.PathLike | int) -> None:
+    """Flush the whole filesystem holding `path` (or the open descriptor) to stable
+    storage, like `sync` but for one filesystem; since Linux 5.8 it reports write-back
+    errors (ENOSPC, EIO)."""
+    fd = os.dup(path) if isinstance(path, int) else os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         if _libc.syncfs(fd) != 0:
             err = ctypes.get_errno()

@@ -1,0 +1,225 @@
+"""File work beneath a root folder that no symlink, rename race or odd file name can lead
+out of. hotcache copies, verifies and warms as root in folders that other users can
+write to; every path it touches there is opened relative to a directory descriptor.
+
+- `open_at(dirfd, rel, flags)`: openat2(2) with RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS
+  (Linux 5.6+): the kernel refuses ELOOP for a symlink anywhere on the way, EXDEV for a
+  path that would climb out. Where openat2 is missing (ENOSYS), each component is opened
+  with O_NOFOLLOW from the one before, and '..' is refused.
+- `expect(fd, st, name)`: the opened file is the one the walk recorded (st_dev, st_ino);
+  a file swapped since then raises `Swapped`.
+- `makedirs`, `walk`, `write_file`, `empty`, `rmdir_if`, `rename_at`: the rest of what
+  a copy does, all on descriptors. Ownership and modes are set with fchown/fchmod on
+  open descriptors, never by path.
+
+Names are str with surrogateescape (as os.fsdecode gives them), so any byte string Linux
+allows as a name works, including non-UTF-8 bytes, newlines and leading dashes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import stat
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_OPENAT2 = 437                      # x86_64, aarch64 and every arch since 5.6
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+RENAME_NOREPLACE = 1
+RENAME_EXCHANGE = 2
+
+DIR = os.O_RDONLY | os.O_DIRECTORY
+USE_OPENAT2 = True                      # tests turn this off to exercise the fallback
+
+
+class Swapped(OSError):
+    """A file or folder is not the one the walk saw: replaced since, by someone else."""
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
+                ("resolve", ctypes.c_uint64)]
+
+
+def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int:
+    creates = flags & os.O_CREAT or flags & os.O_TMPFILE == os.O_TMPFILE
+    how = _OpenHow(flags, mode if creates else 0,   # openat2: a mode without O_CREAT is EINVAL
+                   RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
+    fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(rel), ctypes.byref(how),
+                       ctypes.sizeof(how))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), rel)
+    return fd
+
+
+def _by_component(dirfd: int, rel: str, flags: int, mode: int) -> int:
+    """The fallback: one O_NOFOLLOW open per component, '..' and absolute paths refused."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if rel.startswith("/") or ".." in parts:
+        raise OSError(errno.EXDEV, "path leads out of its root", rel)
+    if not parts:
+        return os.open(".", flags, mode, dir_fd=dirfd)
+    fd = dirfd
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, DIR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            if fd != dirfd:
+                os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], flags | os.O_NOFOLLOW, mode, dir_fd=fd)
+    finally:
+        if fd != dirfd:
+            os.close(fd)
+
+
+def open_at(dirfd: int, rel: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
+    """Open `rel` beneath the folder `dirfd`, following no symlink at all (ELOOP) and never
+    climbing out (EXDEV). O_CLOEXEC is always added."""
+    global USE_OPENAT2
+    flags |= os.O_CLOEXEC
+    if USE_OPENAT2:
+        try:
+            return _openat2(dirfd, rel, flags, mode)
+        except OSError as exc:
+            if exc.errno != errno.ENOSYS:
+                raise
+            USE_OPENAT2 = False
+    return _by_component(dirfd, rel, flags, mode)
+
+
+def open_root(path: str | os.PathLike) -> int:
+    """A descriptor of the folder the administrator named (its last component must not be
+    a symlink): the root everything else is opened beneath."""
+    return os.open(path, DIR | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def expect(fd: int, want: os.stat_result | tuple[int, int], name: str) -> os.stat_result:
+    """fstat(fd), raising Swapped unless it is the file (st_dev, st_ino) recorded earlier."""
+    st = os.fstat(fd)
+    dev_ino = (want.st_dev, want.st_ino) if isinstance(want, os.stat_result) else want
+    if (st.st_dev, st.st_ino) != tuple(dev_ino):
+        raise Swapped(errno.ESTALE, "replaced since it was first looked at", name)
+    return st
+
+
+def makedirs(dirfd: int, rel: str, mode: int = 0o700) -> int:
+    """Create the folders of `rel` beneath `dirfd` as needed (a symlink on the way is
+    ELOOP, never followed); returns a descriptor of the last one."""
+    fd = os.dup(dirfd)
+    try:
+        for part in [p for p in rel.split("/") if p]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, mode, dir_fd=fd)
+            nxt = open_at(fd, part, DIR)
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def walk(dirfd: int, topdown: bool = True):
+    """os.fwalk beneath `dirfd`: (relative folder, subfolders, files, folder fd), top
+    first unless `topdown` is False; each fd is valid only until the next item. fwalk
+    checks each subfolder it opens is the one it listed (lstat vs fstat), so a folder
+    swapped for a symlink is skipped, not followed; a symlink to a folder is listed among
+    the subfolders but never entered. The relative folder is ''
+    for the top."""
+    for top, dirs, files, fd in os.fwalk(".", topdown=topdown, onerror=_raise, dir_fd=dirfd):
+        yield top[2:] if top.startswith("./") else "", dirs, files, fd
+
+
+def _raise(err: OSError) -> None:
+    raise err
+
+
+def write_file(dirfd: int, name: str, data: bytes, mode: int = 0o644,
+               owner: tuple[int, int] | None = None) -> None:
+    """Replace `name` in the folder `dirfd` atomically: a new temp file (O_EXCL, no
+    symlink followed), written, fchown'd, fchmod'd, fsync'd, renamed over, folder fsync'd."""
+    tmp = f".{name}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dirfd)
+    fd = open_at(dirfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.write(data)
+        if owner:
+            os.fchown(fd, *owner)
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dirfd)
+        raise
+    finally:
+        os.close(fd)
+    os.fsync(dirfd)
+
+
+def read_file(dirfd: int, name: str) -> bytes:
+    fd = open_at(dirfd, name)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def empty(dirfd: int, keep: set[str] = frozenset()) -> None:
+    """Remove everything inside the folder `dirfd` except the top-level names in `keep`;
+    symlinks are removed as links, never followed."""
+    for rel, dirs, files, fd in walk(dirfd, topdown=False):
+        for name in files:
+            if not rel and name in keep:
+                continue
+            os.unlink(name, dir_fd=fd)
+        for name in dirs:   # fwalk lists a symlink to a folder here too: unlink it
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except NotADirectoryError:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+
+
+def rmdir_if(parent_fd: int, name: str, st: os.stat_result) -> bool:
+    """Remove the (empty) folder `name` only while it is still the folder `st`."""
+    try:
+        now = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if not same(now, st):
+        raise Swapped(errno.ESTALE, "replaced since it was first looked at", name)
+    os.rmdir(name, dir_fd=parent_fd)
+    return True
+
+
+def rename_at(old_fd: int, old: str, new_fd: int, new: str, flags: int = 0) -> None:
+    """renameat2(2) between two folder descriptors (RENAME_NOREPLACE, RENAME_EXCHANGE);
+    neither name is followed if it is a symlink."""
+    if _libc.renameat2(old_fd, os.fsencode(old), new_fd, os.fsencode(new), flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), old, None, new)
+
+
+def lstat_at(dirfd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def strip_privilege(mode: int) -> int:
+    """Permission bits without setuid, setgid and sticky: no privilege crosses a copy."""
+    return stat.S_IMODE(mode) & 0o777
