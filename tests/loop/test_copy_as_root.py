@@ -45,7 +45,7 @@ def shared(sandbox, user):
     os.chmod(mnt, 0o2775)
     src = make_dataset(sandbox / "src", n=4)
     victim = sandbox / "victim"
-    victim.mkdir()
+    victim.mkdir(mode=0o700)    # root-private, like /root: the same kind as a staging folder
     (victim / "keep.txt").write_bytes(b"root's own data\n")
     (victim / "secret").write_bytes(b"TOPSECRET\n")
     os.chmod(victim / "secret", 0o600)
@@ -102,7 +102,8 @@ def test_forged_staging_folder_is_refused(shared, user):
     file of their choosing: it is never resumed nor published."""
     mnt, src, _victim = shared
     stage = mnt / ".copy.hotcache-staging"
-    stage.mkdir(mode=0o700)
+    stage.mkdir()
+    os.chmod(stage, 0o700)   # right kind, right mode: only its owner gives it away
     (stage / ".hotcache-staging.json").write_text(json.dumps({"source": str(src)}))
     (stage / "cat").mkdir()
     (stage / "cat" / "000.jpg").write_bytes(b"forged")
@@ -123,8 +124,17 @@ def test_symlink_swapped_in_during_a_refresh_changes_no_outside_file(shared, use
     """A refresh takes unchanged files from the published copy (owned by the user with
     --owner). The user swaps one for a symlink to a root file just before it is taken:
     that file keeps its owner and mode, and the copy still holds the right bytes."""
-    mnt, src, victim = shared
+    mnt, src, _victim = shared
+    victim = mnt / "root-only"             # a root file on the same filesystem as DEST
+    victim.mkdir(mode=0o700)
+    (victim / "secret").write_bytes(b"TOPSECRET\n")
+    os.chmod(victim / "secret", 0o600)
     dest = mnt / "copy"
+    # The user controls SRC: the file to be swapped gets the root file's size and mtime,
+    # so that only the way it is opened tells the two apart.
+    secret = os.stat(victim / "secret")
+    (src / "cat" / "001.jpg").write_bytes(b"x" * secret.st_size)
+    os.utime(src / "cat" / "001.jpg", ns=(secret.st_atime_ns, secret.st_mtime_ns))
     copier.copy(src, dest, copier.CopyOptions(owner=user.pw_name))
     (src / "labels.csv").write_text("changed\n")       # so that the refresh publishes
     before = snapshot(victim)
@@ -142,7 +152,7 @@ def test_symlink_swapped_in_during_a_refresh_changes_no_outside_file(shared, use
     assert snapshot(victim) == before
     assert tree(dest) == tree(src) and sha256sum_check(dest).returncode == 0
     assert not (dest / "cat" / "001.jpg").is_symlink()
-    assert secret_anywhere(mnt) == []
+    assert secret_anywhere(dest) == []
 
 
 def test_folder_swapped_for_a_symlink_after_the_walk_copies_no_secret(shared, user,
