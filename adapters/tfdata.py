@@ -19,6 +19,8 @@ from time import perf_counter
 
 import tensorflow as tf
 
+from hotcache.provision.errors import DataRootError
+
 from . import tfcache
 from .dataroot import data_root, hot_copy_at
 from .imagefolder import IMAGE_EXTENSIONS, list_image_folder
@@ -125,7 +127,13 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
         settings = {"kind": kind, "image_size": image_size, "decode": decode, "features": features,
                     "map_fn": tfcache.function_identity(map_fn), "root": str(root),
                     "data": _dataset_version(root, files), "tf": tf.__version__}
-        name = f"{root.name}-{settings['data'].get('version') or 'src'}-{tfcache.fingerprint(settings)[:16]}"
+        version = str(settings["data"].get("version") or "src")
+        if not tfcache.label_ok(version):
+            raise DataRootError(f"{root}: the hot copy's version label {version!r} cannot go "
+                                "into a cache folder name",
+                                hint="copy it again with a plain --version (letters, digits, "
+                                     ". _ + -)")
+        name = f"{root.name}-{version}-{tfcache.fingerprint(settings)[:16]}"
         ds = ds.cache(str(tfcache.prepare(cache_dir, name)))
     if shuffle and (cache_dir or kind == "tfrecord"):
         # Sample-level shuffle only where file order alone is not enough: records sit in

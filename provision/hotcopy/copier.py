@@ -34,7 +34,7 @@ from hotcache.provision.hotcopy import manifest
 from hotcache.provision.errors import DriftError, HotcacheError, RefusedError, UsageError
 from hotcache.provision.hotcopy.filecopy import CHUNK, Done, FileCopier, Limiter, default_jobs
 from hotcache.provision.hotcopy.format import (FORMAT, MANIFEST, METADATA, STAGING_SUFFIX,
-                                               read_metadata, staging_dir)
+                                               label_ok, read_metadata, staging_dir)
 from hotcache.provision.mapping import now
 from hotcache.provision.system.meter import NullMeter
 from hotcache.provision.hotcopy.selection import Entry, select
@@ -275,6 +275,9 @@ def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = Non
     owner, mode = parse_owner(opts.owner), parse_mode(opts.mode)
     if opts.margin < 0:
         raise UsageError(f"--margin {opts.margin}: must be 0 or more (0.2 means 20%)")
+    if opts.version is not None and not label_ok(opts.version):
+        raise UsageError(f"--version {opts.version!r}: a version label is letters, digits "
+                         "and . _ + - (no '/', not starting with '.')", hint="e.g. --version 2025-06")
     if not dest.parent.is_dir():
         raise UsageError(f"the folder {dest.parent} that should hold {dest.name} does not exist",
                          hint=f"mkdir -p {dest.parent}")

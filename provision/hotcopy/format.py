@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 FORMAT = 1
@@ -28,6 +29,15 @@ def home(dest: Path) -> Path:
     """The folder on DEST's own filesystem where its staging folder goes: DEST's parent,
     or DEST itself when DEST is a mountpoint (space is counted there too)."""
     return dest if os.path.ismount(dest) else dest.parent
+
+
+LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+
+
+def label_ok(label: str) -> bool:
+    """A version label that can go into a folder name (the tf.data cache's): letters,
+    digits and . _ + -, no '/' and no leading dot (so never '..')."""
+    return bool(LABEL.fullmatch(label))
 
 
 def staging_dir(dest: Path) -> Path:
