@@ -6,9 +6,13 @@ lock and clean-up are hotcache's real code. Root: `unshare --pid` makes the name
 
 from __future__ import annotations
 
+import fcntl
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -31,17 +35,35 @@ WRITER = textwrap.dedent("""
 
 def start_writer(cache, *wrap: str) -> subprocess.Popen:
     proc = subprocess.Popen([*wrap, sys.executable, "-c", WRITER, str(cache), KEY],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     line = proc.stdout.readline()
     assert line == "writing\n", proc.stderr.read()
     return proc
+
+
+def released(lock, seconds: float = 60) -> None:
+    """Wait until the kernel has dropped a killed writer's flock (a process killed in
+    another PID namespace is reaped a moment later)."""
+    fd = os.open(lock, os.O_RDONLY)
+    try:
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                assert time.monotonic() < deadline, f"{lock} still held"
+                time.sleep(0.1)
+    finally:
+        os.close(fd)
 
 
 def files(folder) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-@pytest.mark.parametrize("wrap", [(), ("unshare", "--pid", "--fork", "--kill-child", "--mount-proc")],
+@pytest.mark.parametrize("wrap", [(), ("unshare", "--pid", "--fork", "--mount-proc")],
                          ids=["same-namespace", "other-pid-namespace"])
 def test_a_live_writer_keeps_its_files_and_a_dead_ones_are_cleared(tmp_path, wrap):
     cache = tmp_path / "cache"
@@ -56,8 +78,9 @@ def test_a_live_writer_keeps_its_files_and_a_dead_ones_are_cleared(tmp_path, wra
             tfcache.prepare(cache, KEY)              # this process, a restarted rank
         assert files(folder) == before               # nothing of the live writer deleted
     finally:
-        writer.kill()
+        os.killpg(writer.pid, signal.SIGKILL)        # the writer (and its namespace) dies
         writer.wait()
+    released(folder / "writer.lock")
     tfcache.prepare(cache, KEY)                      # its writer is gone: cleared
     assert sorted(p.name for p in folder.iterdir()) == ["owner.json", "writer.lock"]
 
