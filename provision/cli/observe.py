@@ -96,10 +96,11 @@ def register(app) -> None:
         units = None
         if not remove:
             # The hotcache next to this interpreter: the venv the role installed.
-            program = Path(sys.executable).with_name("hotcache")
+            from hotcache.provision.engine.restore import hotcache_program
+
             env = {k: str(Path(v).absolute()) for k, v in
                    (("HOTCACHE_STATE", state), ("HOTCACHE_FSTAB", fstab)) if v}
-            units = timer_units(str(program if program.exists() else "hotcache"),
+            units = timer_units(hotcache_program(),   # root-only, or refused with the fix
                                 str(Path(textfile or DEFAULT_TEXTFILE).absolute()),
                                 interval, env,
                                 str(node_labels.absolute()) if node_labels else None)

@@ -49,12 +49,22 @@ def mount_unit(mountpoint: str) -> str:
 
 
 def hotcache_program() -> str:
-    beside = Path(sys.executable).parent / "hotcache"
-    return str(beside) if beside.exists() else "/usr/local/bin/hotcache"
+    """The hotcache next to the interpreter that runs apply, when root alone can change
+    it, its interpreter and hotcache's code (system/units.py); else RefusedError with
+    the fix. A boot unit runs it as root at every boot."""
+    from hotcache.provision.system.units import trusted_program
+
+    return trusted_program(Path(sys.executable).parent / "hotcache",
+                           Path(__file__).resolve().parents[1])
 
 
-def unit_text(cache: str, mountpoint: str, state: Path, fstab: Path) -> str:
+def unit_text(cache: str, mountpoint: str, state: Path, fstab: Path,
+              program: str | None = None) -> str:
+    from hotcache.provision.system.units import command
+
     mount = mount_unit(mountpoint)
+    start = command(program or hotcache_program(), "restore", cache, "--yes",
+                    "--state", str(state), "--fstab", str(fstab))
     return f"""# Written by hotcache apply; removed by hotcache teardown.
 [Unit]
 Description=hotcache: restore block cache {cache} (tables, registration, tunables)
@@ -66,7 +76,7 @@ Before={mount} local-fs.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
-ExecStart={hotcache_program()} restore {cache} --yes --state {state} --fstab {fstab}
+ExecStart={start}
 
 [Install]
 WantedBy=local-fs.target
