@@ -82,7 +82,9 @@ class Planner:
 
 
 def mount_options(spec: CacheSpec) -> list[str]:
-    return list(dict.fromkeys(["noatime", *spec.filesystem.options]))
+    """noatime always; nosuid,nodev unless the spec says nosuid_nodev: false."""
+    safe = ["nosuid", "nodev"] if spec.filesystem.nosuid_nodev else []
+    return list(dict.fromkeys(["noatime", *safe, *spec.filesystem.options]))
 
 
 def fstab_options(spec: CacheSpec) -> list[str]:

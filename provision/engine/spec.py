@@ -123,6 +123,10 @@ class Filesystem(Strict):
     mountpoint: str = Field(description="Absolute path where the filesystem is mounted.")
     options: list[str] = Field(default_factory=list,
                                description="Extra mount options; noatime is always added.")
+    nosuid_nodev: bool = Field(
+        True, description="Mount with nosuid,nodev (the default): a setuid program or a "
+                          "device node on the hot tier gives no privilege, whoever put it "
+                          "there. false: mount without them (and say why in the spec).")
     owner: str | None = Field(None, description="user[:group] that owns the mountpoint.")
     mode: str | None = Field(None, description="Octal mode of the mountpoint, e.g. '2775'.")
     persist: Literal["fstab", "none"] = Field(
@@ -260,7 +264,10 @@ def _semantic(spec: HostSpec) -> list[str]:
             problems.append(f"{at}.filesystem.label: {fs.label!r} must be 1-12 characters "
                             "without spaces (an XFS limit)")
         for opt in fs.options:
-            if opt.split("=")[0] in ATIME_OPTIONS:
+            if fs.nosuid_nodev and opt in ("suid", "dev"):
+                problems.append(f"{at}.filesystem.options: {opt!r} contradicts nosuid_nodev "
+                                "(the default); set nosuid_nodev: false instead")
+            elif opt.split("=")[0] in ATIME_OPTIONS:
                 problems.append(f"{at}.filesystem.options: {opt!r} contradicts noatime, "
                                 "which hotcache always sets; remove it")
             elif not re.fullmatch(r"[A-Za-z0-9_.=:/-]+", opt) or opt in ("ro", "rw"):

@@ -17,7 +17,7 @@ import pytest
 
 from hotcache.provision.errors import HotcacheError, RefusedError
 from hotcache.provision.hotcopy import copier, filecopy
-from tests.helpers import HOTCACHE, hotcache, hotcache_json
+from tests.helpers import HOTCACHE, hotcache, hotcache_json, loop_spec
 from tests.loop.test_copy_xfs import fill_until, small_xfs
 from tests.unit.test_copy import make_dataset, sha256sum_check, tree
 
@@ -319,3 +319,28 @@ def test_verify_records_its_result_without_following_a_planted_link(shared, user
     report = verify.verify(dest, "full")
     assert report["ok"] and report["recorded"]
     assert snapshot(victim) == before
+
+
+def mount_options_of(mp: Path) -> set[str]:
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(mp):
+            return set(fields[5].split(","))
+    raise AssertionError(f"{mp} is not mounted")
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["default", "nosuid_nodev-false"])
+def test_the_hot_tier_is_mounted_nosuid_nodev_unless_the_spec_says_otherwise(sandbox, allow):
+    """A setuid program or device node that lands on the hot tier gives no privilege:
+    apply mounts it nosuid,nodev (and writes that into fstab) unless the spec opts out."""
+    spec = sandbox / "spec.yaml"
+    extra = {"nosuid_nodev": "false"} if allow else {}
+    spec.write_text(loop_spec(sandbox, owner="nobody:nogroup", mode="'2775'", **extra))
+    rc, doc = hotcache_json("apply", spec, "--yes")
+    assert rc == 0, doc
+    opts = mount_options_of(sandbox / "mnt" / "hot")
+    assert ({"nosuid", "nodev"} <= opts) is not allow
+    fstab = (sandbox / "fstab").read_text()
+    assert ("nosuid,nodev" in fstab) is not allow
+    rc, status = hotcache_json("status")
+    assert rc == 0, status
