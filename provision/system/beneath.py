@@ -66,7 +66,12 @@ def _by_component(dirfd: int, rel: str, flags: int, mode: int) -> int:
     fd = dirfd
     try:
         for part in parts[:-1]:
-            nxt = os.open(part, DIR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            try:
+                nxt = os.open(part, DIR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except NotADirectoryError:   # O_DIRECTORY|O_NOFOLLOW on a link: as openat2 says
+                if stat.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel) from None
+                raise
             if fd != dirfd:
                 os.close(fd)
             fd = nxt

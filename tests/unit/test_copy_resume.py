@@ -59,7 +59,7 @@ def test_a_second_copy_to_the_same_dest_is_refused_while_one_runs(tmp_path, monk
     monkeypatch.setenv("HOTCACHE_STATE", str(tmp_path / "mappings.yaml"))
     src = make_dataset(tmp_path / "src", classes=("a",), n=20, size=64 << 10)
     dest = tmp_path / "ds"
-    first = subprocess.Popen([*HOTCACHE, "copy", str(src), str(dest), "--bwlimit", "400K"],
+    first = subprocess.Popen([*HOTCACHE, "copy", str(src), str(dest), "--bwlimit", "100K"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
