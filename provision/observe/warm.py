@@ -58,6 +58,7 @@ policy, state.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
@@ -108,7 +109,14 @@ def read_file(root_fd: int, rel: Path, evict: bool, meter: NullMeter,
     if buf is None:
         buf = local.buf = memoryview(bytearray(CHUNK))
     t0 = time.monotonic()
-    fd = beneath.open_at(root_fd, str(rel), os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        fd = beneath.open_at(root_fd, str(rel), os.O_RDONLY | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0, time.monotonic() - t0   # removed since the listing: nothing to warm
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.EXDEV):
+            raise
+        return 0, time.monotonic() - t0   # now behind a symlink: never followed
     total = 0
     try:
         if evict:

@@ -344,3 +344,25 @@ def test_the_hot_tier_is_mounted_nosuid_nodev_unless_the_spec_says_otherwise(san
     assert ("nosuid,nodev" in fstab) is not allow
     rc, status = hotcache_json("status")
     assert rc == 0, status
+
+
+def test_warm_reads_nothing_through_a_folder_swapped_for_a_symlink(shared, user, monkeypatch):
+    """After warm listed the files, the user swaps a folder for a symlink to a root folder
+    holding a large file under the same name: warm reads none of it."""
+    from hotcache.provision.observe import warm
+
+    mnt, src, victim = shared
+    dest = mnt / "copy"
+    copier.copy(src, dest, copier.CopyOptions(owner=user.pw_name))
+    (victim / "001.jpg").write_bytes(b"TOPSECRET" * 100_000)
+    real = warm.files_under
+
+    def listed_then_swapped(root_fd):
+        files = real(root_fd)
+        (dest / "dog").rename(dest / "dog.orig")
+        (dest / "dog").symlink_to(victim)
+        return files
+
+    monkeypatch.setattr(warm, "files_under", listed_then_swapped)
+    report = warm.warm(dest, backend="none", jobs=1)
+    assert report["passes"][0]["bytes"] < 900_000      # the dataset is ~24 KB; the lure 900 KB
