@@ -53,7 +53,8 @@ def emit(doc) -> None:
 
 def console():
     from rich.console import Console
-    return Console(highlight=False)
+    # soft_wrap: a long path is never cut into two lines (piped output is 80 columns wide).
+    return Console(highlight=False, soft_wrap=True)
 
 
 def need_root(command: str) -> None:

@@ -129,6 +129,8 @@ def copy(
         c.print(f"  holds {result['fraction']:.0%} of the files of {src} "
                 f"({result['bytes_fraction']:.0%} of its bytes); read the rest from the "
                 f"source: DATA_ROOT={dest} DATA_COLD_ROOT={src}")
+    if verify:
+        c.print("  verified: read back from the device, every sha256 matched, before publishing")
     c.print(f"  check it: cd {dest} && sha256sum -c --quiet SHA256SUMS")
 
 

@@ -60,8 +60,11 @@ class PlainMeter(NullMeter):
     """Not a terminal: one line when each phase starts, and notes, on stderr."""
 
     def start(self, label: str, total_bytes: int, total_files: int | None = None) -> None:
+        from hotcache.provision.system.sizes import size
+
         files = "" if total_files is None else f" in {total_files} files"
-        sys.stderr.write(f"{label}: {total_bytes} bytes{files}\n")
+        sys.stderr.write(f"{label}: {size(total_bytes)}{files}
+")
 
     def note(self, text: str) -> None:
         sys.stderr.write(text + "\n")
