@@ -63,8 +63,7 @@ class PlainMeter(NullMeter):
         from hotcache.provision.system.sizes import size
 
         files = "" if total_files is None else f" in {total_files} files"
-        sys.stderr.write(f"{label}: {size(total_bytes)}{files}
-")
+        sys.stderr.write(f"{label}: {size(total_bytes)}{files}\n")
 
     def note(self, text: str) -> None:
         sys.stderr.write(text + "\n")
