@@ -321,10 +321,10 @@ def cleanup(args) -> None:
     Throttle(args.cgroup, 0, 0).release()
     for leftover in ("demo.yaml", "cold.jsonl", "hot.jsonl"):
         (args.workdir / leftover).unlink(missing_ok=True)
-    for folder in (args.workdir, args.mounts):
+    for folder in (args.workdir, args.mounts / "hdd", args.mounts / "ssd", args.mounts):
         try:
             folder.rmdir()
-        except OSError:
+        except OSError:           # not there, or holding something the demo did not make
             pass
     say("  done: no demo cache, mount, loop device or image is left")
 

@@ -51,6 +51,7 @@ def assert_all_gone(sandbox: Path) -> None:
     fstab = Path(os.environ["HOTCACHE_FSTAB"])
     assert not fstab.exists() or "hotcache:" not in fstab.read_text()
     assert not (sandbox / "work").exists(), "images, spec and logs are removed"
+    assert not (sandbox / "mnt" / "demo").exists(), "mountpoints are removed"
     digest = hashlib.sha256(str(sandbox / "work").encode()).hexdigest()[:8]
     assert not list(Path("/sys/fs/cgroup").glob(f"**/hotcache-demo-{digest}")), "cgroup left"
 
