@@ -44,3 +44,30 @@ def _how(proc: Path, root: str) -> str | None:
     except (FileNotFoundError, PermissionError, ProcessLookupError, NotADirectoryError):
         return None
     return None
+
+
+def other_namespaces_holding(devnum: str) -> list[str]:
+    """'pid 123 (python3)': one process of each other mount namespace in which the
+    filesystem on device MAJ:MIN is mounted. A namespace made while it was mounted keeps
+    its own copy of the mount (containers with private bind mounts do), so the device
+    stays in use after the host unmounts it, until those processes exit."""
+    try:
+        own = os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return []
+    seen, found = {own}, []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            ns = os.readlink(proc / "ns" / "mnt")
+            if ns in seen:
+                continue
+            lines = (proc / "mountinfo").read_text().splitlines()
+            comm = (proc / "comm").read_text().strip()
+        except (FileNotFoundError, PermissionError, ProcessLookupError):
+            continue
+        seen.add(ns)
+        if any(line.split()[2] == devnum for line in lines if line.count(" ") > 2):
+            found.append(f"pid {proc.name} ({comm})")
+    return found

@@ -51,7 +51,14 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
     plan = Plan()
     p = Planner(env, name, plan)
     mp = entry.get("filesystem", {}).get("mountpoint")
-    if mp and blockdev.mount_at(mp):
+    mounted = blockdev.mount_at(mp) if mp else None
+    if mounted:
+        held = busy.other_namespaces_holding(mounted.source_dev)
+        if held:
+            plan.notes.append(
+                f"{mp} is also mounted in other mount namespaces (containers, sandboxes), "
+                f"by {', '.join(held[:5])}: its device stays in use (a loop device stays "
+                "attached) until they exit")
         users = busy.users_of(mp)
         if users:
             raise RefusedError(f"{mp} is busy, so {name} cannot be taken down:\n"

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -291,3 +292,29 @@ def test_apply_interrupted_between_steps_converges(sandbox, stop_after):
     rc, doc = hotcache_json("status")
     assert rc == 0 and doc["ok"], doc
     assert len(loops_under(sandbox)) == 1
+
+
+def test_teardown_names_other_mount_namespaces_that_keep_the_filesystem(sandbox):
+    """A process in a mount namespace made while the cache was mounted (a container with
+    a private bind mount) keeps the filesystem, so the loop device stays attached after
+    teardown until it exits: teardown says so, naming it."""
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    hotcache("apply", spec, "--yes", check=True)
+    holder = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "120"])
+    try:
+        for _ in range(100):            # until unshare has exec'd sleep in its namespace
+            if os.readlink(f"/proc/{holder.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt"):
+                break
+            time.sleep(0.05)
+        out = hotcache("teardown", "hot", "--yes", check=True).stdout
+        assert "also mounted in other mount namespaces" in out
+        assert f"pid {holder.pid} (sleep)" in out
+    finally:
+        holder.kill()
+        holder.wait()
+    for _ in range(100):                # the kernel lets the loop device go with it
+        if not loops_under(sandbox):
+            break
+        time.sleep(0.1)
+    assert loops_under(sandbox) == []
