@@ -51,7 +51,7 @@ def test_apply_status_reapply_teardown(sandbox):
                            capture_output=True, text=True).stdout.strip()
     assert entry["filesystem"]["uuid"] == blkid
     line = Path(os.environ["HOTCACHE_FSTAB"]).read_text()
-    assert f"UUID={blkid} {mp} xfs noatime,logbsize=256k,nofail,x-systemd.device-timeout=30s" in line
+    assert f"UUID={blkid} {mp} xfs noatime,nosuid,nodev,logbsize=256k,nofail,x-systemd.device-timeout=30s" in line
 
     rc, doc = hotcache_json("status")
     assert rc == 0 and doc["ok"] and doc["caches"][0]["noatime"]
