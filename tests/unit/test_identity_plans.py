@@ -83,14 +83,14 @@ def test_restore_after_the_ssd_names_swap_uses_each_cache_its_own_ssd(host, env)
          "0 2097152 cache /dev/mapper/hc-c1-meta /dev/mapper/hc-c1-data /dev/vdc 128 1 "
          "writeback smq 0"],
         ["mkdir", "--parents", "/mnt/c1"],
-        ["mount", "-t", "xfs", "-o", "noatime", "/dev/mapper/hc-c1", "/mnt/c1"],
+        ["mount", "-t", "xfs", "-o", "noatime,nosuid,nodev", "/dev/mapper/hc-c1", "/mnt/c1"],
         ["dmsetup", "create", "hc-c2-meta", "--table", "0 8192 linear /dev/vda 0"],
         ["dmsetup", "create", "hc-c2-data", "--table", "0 122880 linear /dev/vda 8192"],
         ["dmsetup", "create", "hc-c2", "--table",
          "0 2097152 cache /dev/mapper/hc-c2-meta /dev/mapper/hc-c2-data /dev/vdd 128 1 "
          "writeback smq 0"],
         ["mkdir", "--parents", "/mnt/c2"],
-        ["mount", "-t", "xfs", "-o", "noatime", "/dev/mapper/hc-c2", "/mnt/c2"],
+        ["mount", "-t", "xfs", "-o", "noatime,nosuid,nodev", "/dev/mapper/hc-c2", "/mnt/c2"],
     ]
     assert any("/dev/vda now names" in n and "/dev/vdb" in n for n in plan.notes), plan.notes
 
