@@ -3,6 +3,7 @@ clean up loop devices and mounts that a test made."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -78,3 +79,12 @@ def cleanup(root: Path) -> None:
         subprocess.run(["umount", "--lazy", mp], check=False, capture_output=True)
     for dev in loops_under(root):
         subprocess.run(["losetup", "--detach", dev], check=False, capture_output=True)
+
+
+def sha256_file(path) -> str:
+    """sha256 of a file or a whole block device, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -6,7 +6,6 @@ it is now, or refuse naming both, and the bystander's bytes must not change."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import time
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import hotcache, hotcache_json, write_spec
+from tests.helpers import hotcache, hotcache_json, sha256_file as sha, write_spec
 
 pytestmark = pytest.mark.root
 
@@ -23,14 +22,6 @@ pytestmark = pytest.mark.root
 def sh(*argv) -> str:
     return subprocess.run([str(a) for a in argv], check=True, capture_output=True,
                           text=True).stdout.strip()
-
-
-def sha(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def image(path: Path, mib: int) -> Path:
