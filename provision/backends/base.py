@@ -26,7 +26,8 @@ class Backend:
 
     def signature(self, entry: dict, role: str) -> tuple | None:
         """The signature a built cache left on its `role` device, as blkid shows it:
-        (TYPE, UUID or None); () for a device left without one; None: nothing to check."""
+        (TYPE, UUID or None[, "may be absent"]); () for a device left without one; None:
+        nothing to check."""
         return None
 
     def build(self, p: "Planner", spec: "CacheSpec", entry: dict | None,

@@ -92,7 +92,9 @@ class DmCache(Backend):
     def signature(self, entry, role):
         if role == "cache":
             return ()       # dm-cache metadata carries nothing blkid knows
-        return ("xfs", (entry or {}).get("filesystem", {}).get("uuid"))
+        # In writeback the block holding the XFS superblock may be dirty on the SSD only,
+        # so the origin may show nothing; another signature is still a conflict.
+        return ("xfs", (entry or {}).get("filesystem", {}).get("uuid"), "may be absent")
 
     def live(self, entry, runner):
         names = state.of(entry).get("names") or dm_names((entry.get("spec") or {}).get("name", ""))

@@ -250,3 +250,16 @@ def test_forget_says_what_is_lost_and_touches_no_device(host, env):
     host.tables["hc-c1"] = "0 2097152 cache 254:1 254:2 254:3 128 1 writeback smq 0"
     with pytest.raises(RefusedError, match="is live"):
         plan_teardown("c1", env, forget=True)
+
+
+def test_a_writeback_origin_whose_superblock_is_only_in_the_cache_is_still_found(host, env):
+    """The block holding the XFS superblock may be dirty on the SSD only: a blank origin,
+    proven by its serial, is restored (its tables loaded, the UUID checked before the
+    mount); an origin showing another filesystem is not."""
+    host.disk("vda", "ssd1", 64)
+    host.disk("vdc", "hdd1", 1024)
+    save(env, c1=entry())
+    plan = plan_restore(env)
+    assert argvs(plan)[2][:3] == ["dmsetup", "create", "hc-c1"]
+    assert any(s.summary.startswith("check that /dev/mapper/hc-c1 shows the filesystem")
+               for s in plan.steps)
