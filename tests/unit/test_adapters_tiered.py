@@ -134,3 +134,17 @@ def test_tf_reads_each_file_once_from_its_tier(tiers, caplog):
     assert timer.summaries[-1].hot_batches + timer.summaries[-1].cold_batches == 5
     windows = [r.getMessage() for r in caplog.records if "timing (so far)" in r.getMessage()]
     assert windows and all(" hot=" in w for w in windows)
+
+
+def test_hot_and_cold_waits_are_split_by_batch():
+    """Batches served mostly hot and mostly cold get their own mean wait; the first
+    batch counts toward the share only (its wait is reported apart)."""
+    from hotcache.adapters.timing import summarize
+
+    stamps = [(0.1, 4, 4), (0.1, 4, 4), (0.1, 0, 4), (0.1, 3, 4), (0.1, 1, 4)]
+    s = summarize("t", 0, 0.5, [0.001, 0.030, 0.003, 0.040], 1.0, 4, stamps)
+    assert s.hot_share == pytest.approx(12 / 20)
+    assert (s.hot_batches, s.cold_batches) == (2, 2)
+    assert s.hot_wait_s == pytest.approx(0.002) and s.cold_wait_s == pytest.approx(0.035)
+    assert s.worker_load_s == pytest.approx(0.5)
+    assert "hot=0.60 wait hot=2.00ms (2 batches) cold=35.00ms (2 batches)" in s.line()
