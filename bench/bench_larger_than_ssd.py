@@ -6,8 +6,9 @@ guest boot.
 
 The guest is the stock Debian kernel under QEMU (TCG, virtme-ng), as in
 bench_vm_cache.py: the "HDD" disk is throttled like one (about 145 IOPS), the SSD is not.
-Each configuration gets its own SSD partition of the same size (the XFS for (d) is made
-on it, so the subset fits what XFS leaves usable) and its own origin partition holding
+The SSD is --usable-mib large for every configuration: bcache and dm-cache get a
+partition of that size; (d) gets XFS (which needs 300 MB) with a preallocated filler
+file leaving that much free. Each configuration has its own origin partition holding
 the dataset (the block caches start empty: bcache mode `none` and dm-cache
 `passthrough` while it is written, then writethrough). Every epoch reads every file
 once, in an order drawn from seed+epoch, the page cache dropped before it.
@@ -41,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_vm_cache as vm  # noqa: E402  (its guest helpers: sh, drop_caches, hotcache...)
 
 REPO = vm.REPO
-SSD_PART_MIB = 320                    # each configuration's SSD partition (XFS needs 300)
-HDD_PART_MIB = 760                    # each origin partition: the dataset and some room
+XFS_PART_MIB = 320                    # mkfs.xfs makes nothing under 300 MB
+HDD_PART_MIB = 320                    # each origin partition: the dataset and some room
 CLASSES = 8
 EPOCHS = 3
 
@@ -51,7 +52,8 @@ EPOCHS = 3
 
 def host(args) -> int:
     work = Path(tempfile.mkdtemp(prefix="hotcache-bench-big-"))
-    for name, mib in (("ssd", 3 * SSD_PART_MIB + 8), ("hdd", 3 * HDD_PART_MIB + 8)):
+    for name, mib in (("ssd", 2 * args.usable_mib + XFS_PART_MIB + 8),
+                      ("hdd", 3 * HDD_PART_MIB + 8)):
         with open(work / f"{name}.img", "wb") as f:
             f.truncate(mib * 2**20)
     out = work / "out"
@@ -62,7 +64,7 @@ def host(args) -> int:
               f"-device virtio-blk-pci,drive=hdd,serial=hdd")
     command = (f"cd {REPO} && PYTHONDONTWRITEBYTECODE=1 {vm.VENV}/bin/python "
                f"bench/bench_larger_than_ssd.py --guest {out} --kib {args.kib} "
-               f"--seed {args.seed} > {out}/guest.log 2>&1")
+               f"--seed {args.seed} --usable-mib {args.usable_mib} > {out}/guest.log 2>&1")
     argv = ["timeout", "--kill-after=30", str(args.timeout), f"{vm.VENV}/bin/vng",
             "--disable-kvm", "--run", sorted(Path("/boot").glob("vmlinuz-*-amd64"))[-1],
             "--cpus", "2", "--memory", "1G", "--rwdir", out, f"--qemu-opts={drives}",
@@ -136,9 +138,10 @@ def guest(args) -> int:
                       HOTCACHE_FSTAB=str(persist / "fstab"),
                       HOTCACHE_UNIT_DIR=str(persist / "units"))
     vm.sh("modprobe", "-a", "dm-mod", "dm-cache", "dm-cache-smq", "bcache", "xfs")
-    for disk, mib in (("ssd", SSD_PART_MIB), ("hdd", HDD_PART_MIB)):
+    for disk, parts in (("ssd", (args.usable_mib, args.usable_mib, XFS_PART_MIB)),
+                        ("hdd", (HDD_PART_MIB,) * 3)):
         vm.sh("sfdisk", "--quiet", f"/dev/disk/by-id/virtio-{disk}",
-              input="label: gpt\n" + f",{mib}M\n" * 3)
+              input="label: gpt\n" + "".join(f",{mib}M\n" for mib in parts))
     vm.sh("udevadm", "settle")
     log = lambda text: print(text, flush=True)  # noqa: E731
     part = lambda disk, n: f"/dev/disk/by-id/virtio-{disk}-part{n}"  # noqa: E731
@@ -152,11 +155,16 @@ def guest(args) -> int:
         vm.sh("mkfs.xfs", "-q", "-f", "-s", "size=4096", dev)
         vm.sh("mount", "-o", "noatime", dev, mp)
     st = os.statvfs(hot_mp)
+    with open(hot_mp / "filler", "wb") as f:
+        os.posix_fallocate(f.fileno(), 0, st.f_bavail * st.f_frsize - (args.usable_mib << 20))
+    os.sync()
+    st = os.statvfs(hot_mp)
     usable = st.f_bavail * st.f_frsize
     rels = write_dataset(cold_mp / "ds", 2 * usable, size)
     log(f"dataset: {len(rels)} files of {args.kib} KiB in {CLASSES} classes, "
         f"{len(rels) * size / 2**20:.0f} MiB = 2x the {usable / 2**20:.0f} MiB usable on "
-        f"the SSD's XFS; SSD partitions {SSD_PART_MIB} MiB; origin throttled ({vm.THROTTLE})")
+        f"the SSD's XFS (a filler takes the rest); bcache and dm-cache SSD partitions "
+        f"{args.usable_mib} MiB; origin throttled ({vm.THROTTLE})")
     origin_d, ssd_d = vm.block_name(part("hdd", 3)), vm.block_name(part("ssd", 3))
     results: dict[str, list[dict]] = {}
 
@@ -264,6 +272,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kib", type=int, default=128, help="file size")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--usable-mib", type=int, default=96,
+                    help="the SSD's size: each block cache's partition, and the free space "
+                         "left on (d)'s XFS")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds for the whole boot")
     ap.add_argument("--guest", help=argparse.SUPPRESS)
     args = ap.parse_args()
