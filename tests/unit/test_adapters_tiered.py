@@ -148,3 +148,26 @@ def test_hot_and_cold_waits_are_split_by_batch():
     assert s.hot_wait_s == pytest.approx(0.002) and s.cold_wait_s == pytest.approx(0.035)
     assert s.worker_load_s == pytest.approx(0.5)
     assert "hot=0.60 wait hot=2.00ms (2 batches) cold=35.00ms (2 batches)" in s.line()
+
+
+def test_a_real_fit_copy_read_tiered(tmp_path, monkeypatch):
+    """`hotcache copy --budget --verify` makes the partial copy; data_root reads its
+    metadata (hot=partial, the recorded fraction) and the loader serves exactly its
+    manifest's members from it."""
+    from hotcache.adapters import make_loader
+    from tests.helpers import hotcache_json
+
+    for var in ("DATA_ROOT", "DATA_COLD_ROOT", "DATA_ROOT_EXPECT"):
+        monkeypatch.delenv(var, raising=False)
+    cold = tmp_path / "cold"
+    make_jpegs(cold, per_class=10, size=(64, 48))
+    total = sum(p.stat().st_size for p in cold.rglob("*.jpg"))
+    rc, out = hotcache_json("copy", cold, tmp_path / "hot", "--budget", str(total // 2),
+                            "--verify", env={"HOTCACHE_STATE": str(tmp_path / "m.yaml")})
+    assert rc == 0 and out["partial"], out
+    members = set((tmp_path / "hot" / "SHA256SUMS").read_text().split()[1::2])
+    root = data_root(hot=tmp_path / "hot", cold=cold, expect="partial")
+    assert root.hot == "partial" and root.fraction == out["fraction"] == len(members) / 30
+    ds = make_loader(root, decode=False, num_workers=0).dataset
+    served = {ds.rels[i]: ds.fetch(i)[1] for i in range(len(ds))}
+    assert len(served) == 30 and {r for r, hot in served.items() if hot} == members
