@@ -14,7 +14,7 @@ import sys
 
 from hotcache.provision.backends.dmtable import CacheTable, cache_stats, parse_status, parse_table
 from hotcache.provision.block import probe
-from hotcache.provision.errors import CommandFailed, FlushIncomplete, HotcacheError
+from hotcache.provision.errors import CommandFailed, FlushIncomplete, HotcacheError, ProbeFailed
 from hotcache.provision.engine.plan import Ref
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.waits import wait_until
@@ -38,8 +38,16 @@ def dm_names(cache: str) -> dict[str, str]:
 def live_table(name: str, runner: Runner) -> str | None:
     """The loaded table of dm device `name`; None only when dmsetup says it does not
     exist (any other failure raises: probes fail closed)."""
-    res = probe.run(runner, ["dmsetup", "table", name], absent_rc=(1,),
-                    absent_stderr=("does not exist",))
+    try:
+        res = probe.run(runner, ["dmsetup", "table", name], absent_rc=(1,),
+                        absent_stderr=("does not exist", "No such device or address"))
+    except ProbeFailed as exc:
+        # For `table` libdm takes the kernel's ENXIO (no device of that name) quietly, so
+        # dmsetup prints nothing but its closing line (seen in the guest kernel, Debian
+        # 12); every real failure says more before that line.
+        if exc.returncode == 1 and (exc.stderr or "").strip() == "Command failed.":
+            return None
+        raise
     return res.stdout.strip() or None if res is not None else None
 
 

@@ -45,3 +45,35 @@ def test_table_without_mode_is_writeback_the_kernel_default():
 def test_not_a_cache_table_is_rejected():
     with pytest.raises(ValueError):
         parse_table("0 155648 linear 254:2 2048")
+
+
+class _Answers:
+    """A runner that answers `dmsetup table` the way dmsetup did in the guest."""
+
+    def __init__(self, rc: int, stderr: str, stdout: str = ""):
+        self.rc, self.stderr, self.stdout = rc, stderr, stdout
+
+    def query(self, argv, *, check=True):
+        from hotcache.provision.system.runner import Result
+
+        return Result(list(argv), self.rc, self.stdout, self.stderr)
+
+
+@pytest.mark.parametrize("stderr", ["Command failed.\n", "Device does not exist.\nCommand failed.\n",
+                                    "device-mapper: table ioctl on hc-x  failed: No such device "
+                                    "or address\nCommand failed.\n"])
+def test_a_table_that_is_not_loaded_reads_as_absent(stderr):
+    from hotcache.provision.backends.dmcache import live_table
+
+    assert live_table("hc-x", _Answers(1, stderr)) is None
+    assert live_table("hc-x", _Answers(0, "", TABLE + "\n")) == TABLE
+
+
+def test_any_other_dmsetup_failure_fails_closed():
+    from hotcache.provision.backends.dmcache import live_table
+    from hotcache.provision.errors import ProbeFailed
+
+    denied = "/dev/mapper/control: open failed: Permission denied\nFailure to communicate " \
+             "with kernel device-mapper driver.\nCommand failed.\n"
+    with pytest.raises(ProbeFailed):
+        live_table("hc-x", _Answers(1, denied))
