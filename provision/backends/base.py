@@ -6,13 +6,14 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hotcache.provision.engine.apply import Device, Planner
-    from hotcache.provision.engine.plan import Ref
+    from hotcache.provision.plan import Ref
     from hotcache.provision.system.runner import Runner
     from hotcache.provision.engine.spec import CacheSpec
 
 
 class Backend:
     name = "?"
+    restores_at_boot = False    # the engine installs (and teardown removes) a restore unit
     programs: tuple[str, ...] = ()      # must be installed
     kernel_features: tuple[str, ...] = ()  # checked by `unavailable`
 

@@ -14,7 +14,7 @@ import uuid
 
 from hotcache.provision.backends import bcache_sysfs as sb
 from hotcache.provision.errors import FlushIncomplete, HotcacheError, KernelUnsupported
-from hotcache.provision.engine.plan import Ref
+from hotcache.provision.plan import Ref
 from hotcache.provision.system.waits import wait_until
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend
@@ -50,6 +50,7 @@ def desired_tunables(tunables: dict) -> dict:
 
 class Bcache(Backend):
     name = "bcache"
+    restores_at_boot = True     # tunables other than cache_mode are lost at reboot
     programs = ("make-bcache", "wipefs", "mkfs.xfs", "blkid")
 
     def unavailable(self):
@@ -127,9 +128,6 @@ class Bcache(Backend):
             p.run("erase old signatures showing through the new bcache device",
                   ["wipefs", "--all", target], destructive=True)
         self._plan_tunables(p, spec, origin.node, cset, live)
-        from hotcache.provision.engine.restore import plan_unit
-
-        plan_unit(p, spec)
         return target
 
     def _plan_tunables(self, p, spec, node, cset: str, live: bool) -> None:
@@ -195,7 +193,6 @@ class Bcache(Backend):
         }
 
     def dismantle(self, p, entry):
-        from hotcache.provision.engine.restore import remove_unit
         from hotcache.provision.backends.recorded import current_node
 
         st = state.of(entry)
@@ -208,7 +205,6 @@ class Bcache(Backend):
         if cset and sb.set_dir(cset).is_dir():
             p.do(f"unregister cache set {cset} (only once no backing device is attached)",
                  lambda ctx: unregister_set(cset))
-        remove_unit(p, p.cache)
         if node:
             p.plan.notes.append(f"{node} keeps its bcache superblock; the filesystem on it "
                                 "starts 8 KiB in (`teardown --wipe` erases the superblock)")

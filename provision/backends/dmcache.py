@@ -13,9 +13,9 @@ import re
 import sys
 
 from hotcache.provision.backends.dmtable import CacheTable, cache_stats, parse_status, parse_table
-from hotcache.provision.block import probe
+from hotcache.provision.block import kernel, probe
 from hotcache.provision.errors import CommandFailed, FlushIncomplete, HotcacheError, ProbeFailed
-from hotcache.provision.engine.plan import Ref
+from hotcache.provision.plan import Ref
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.waits import wait_until
 from hotcache.provision.backends import state
@@ -74,12 +74,11 @@ def _text(p, key: str, render, *nodes) -> "str | Ref":
 
 class DmCache(Backend):
     name = "dm-cache"
+    restores_at_boot = True     # raw tables vanish at reboot
     programs = ("dmsetup", "cache_metadata_size", "mkfs.xfs", "dd", "wipefs")
 
     def unavailable(self):
-        from hotcache.provision.observe.discover import kernel_has
-
-        if not kernel_has("device-mapper"):
+        if not kernel.kernel_has("device-mapper"):
             return "the kernel has no device-mapper (`dmsetup version` cannot reach it)"
         return None
 
@@ -185,9 +184,6 @@ class DmCache(Backend):
             state.remember(p, "record the dm-cache geometry and table names in the mapping",
                            lambda ctx: {**geo, "names": names,
                                         "table": want.render().replace("ORIGIN", "<origin>")})
-        from hotcache.provision.engine.restore import plan_unit
-
-        plan_unit(p, spec)
         return f"/dev/mapper/{names['cache']}"
 
     def stats(self, entry, runner):
@@ -196,8 +192,6 @@ class DmCache(Backend):
         return cache_stats(parse_status(res.stdout))
 
     def dismantle(self, p, entry):
-        from hotcache.provision.engine.restore import remove_unit
-
         runner = p.env.runner
         names = state.of(entry).get("names") or dm_names(p.cache)
         current = live_table(names["cache"], runner)
@@ -218,7 +212,6 @@ class DmCache(Backend):
             if live_table(names[part], runner) is not None:
                 p.run(f"remove the cache {part} mapping",
                       ["dmsetup", "remove", "--retry", names[part]])
-        remove_unit(p, p.cache)
 
 
 def _policy_args(tunables: dict) -> list[str]:

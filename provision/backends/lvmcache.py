@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from hotcache.provision.backends.dmtable import cache_stats, parse_status
-from hotcache.provision.block import probe
+from hotcache.provision.block import kernel, probe
 from hotcache.provision.errors import ProbeFailed
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.backends import state
@@ -101,13 +101,12 @@ def names(entry: dict | None, spec_name: str, origin=None) -> tuple[str, str, bo
 
 class LvmCache(Backend):
     name = "lvmcache"
+    restores_at_boot = True     # activation after a boot
     programs = ("pvcreate", "vgcreate", "vgextend", "lvcreate", "lvconvert", "lvchange",
                 "lvs", "dmsetup", "mkfs.xfs", "wipefs")
 
     def unavailable(self):
-        from hotcache.provision.observe.discover import kernel_has
-
-        if not kernel_has("device-mapper"):
+        if not kernel.kernel_has("device-mapper"):
             return "the kernel has no device-mapper (`dmsetup version` cannot reach it)"
         return None
 
@@ -198,9 +197,6 @@ class LvmCache(Backend):
                           *_settings_args(settings), f"{vg}/{lv}"))
                 p.run("load it into the active cache in place (lvchange alone does not)",
                       lvm("lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
-        from hotcache.provision.engine.restore import plan_unit
-
-        plan_unit(p, spec)
         return f"/dev/{vg}/{lv}"
 
     def _attach(self, p, spec, vg, lv, cache, mode, policy, settings) -> None:
@@ -226,7 +222,6 @@ class LvmCache(Backend):
         return cache_stats(parse_status(res.stdout))
 
     def dismantle(self, p, entry):
-        from hotcache.provision.engine.restore import remove_unit
         from hotcache.provision.backends.recorded import current_node
         from hotcache.provision.backends.dmcache import MIN_MIGRATION, ensure_writeback, wait_clean
 
@@ -253,7 +248,6 @@ class LvmCache(Backend):
             p.run(f"take the SSD {ssd} out of {vg}", lvm("vgreduce", "--yes", vg, ssd))
             p.run(f"remove the LVM label from {ssd}", lvm("pvremove", "--yes", ssd))
         p.plan.notes.append(f"the data stays in /dev/{vg}/{lv} on the origin")
-        remove_unit(p, p.cache)
 
 
 def _settings(tunables: dict) -> dict[str, str]:

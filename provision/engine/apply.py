@@ -23,9 +23,11 @@ from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
 from hotcache.provision.errors import KernelUnsupported, ProbeFailed, RefusedError
 from hotcache.provision.engine import images, owners
-from hotcache.provision.engine.plan import Plan, Ref, RunContext, Step
+from hotcache.provision.plan import Plan, Ref, RunContext, Step
 from hotcache.provision.system.runner import Runner, require
-from hotcache.provision.engine.spec import MIN_XFS_BYTES, CacheSpec, DeviceRef, HostSpec
+from hotcache.provision.engine import bootunit
+from hotcache.provision.engine.spec import (MIN_XFS_BYTES, CacheSpec, DeviceRef, HostSpec,
+                                            without_wipe)
 
 FSTYPE = "xfs"
 
@@ -331,6 +333,8 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
              lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, None, "building"))
 
     target = backend.build(p, spec, entry, devs)
+    if backend.restores_at_boot:
+        bootunit.plan_unit(p, spec)
     target_dev = _target_device(spec, devs, target, p.env.runner)
     # A cache brought back after a boot (restore) appears only when its steps run; its
     # backend knows the filesystem is already on it. A filesystem the mapping records as
@@ -467,16 +471,12 @@ def _identity_missing(entry: dict | None) -> bool:
 def _entry_drifted(entry: dict | None, spec: CacheSpec) -> bool:
     if entry is None:
         return True
-    from hotcache.provision.engine.restore import without_wipe
-
     return without_wipe(entry.get("spec") or {}) != recorded_spec(spec)
 
 
 def recorded_spec(spec: CacheSpec) -> dict:
     """The spec as the mapping keeps it: `wipe: true` was consent for the first build
     and is not kept for restore to replay."""
-    from hotcache.provision.engine.restore import without_wipe
-
     return without_wipe(spec.model_dump(mode="json", exclude_none=True))
 
 

@@ -337,3 +337,12 @@ def load_spec(path: str | os.PathLike) -> HostSpec:
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise SpecError(str(p), [f"cannot read it: {exc}"]) from None
     return parse_spec(text, str(p))
+
+
+def without_wipe(spec: dict) -> dict:
+    """`wipe: true` was consent for the first build; a restore never replays it."""
+    out = dict(spec)
+    for role in ("origin", "cache"):
+        if isinstance(out.get(role), dict):
+            out[role] = {k: v for k, v in out[role].items() if k != "wipe"}
+    return out

@@ -18,9 +18,10 @@ from hotcache.provision.block import busy
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
 from hotcache.provision.engine import images
+from hotcache.provision.engine.bootunit import remove_unit
 from hotcache.provision.engine.apply import Env, Planner
 from hotcache.provision.errors import RefusedError, UsageError
-from hotcache.provision.engine.plan import Plan
+from hotcache.provision.plan import Plan
 
 
 def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = False,
@@ -69,6 +70,8 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
     # The backend flushes first: if that fails, the fstab entry, the unit, the cache set
     # and the mapping entry are all still there.
     backend.dismantle(p, entry)
+    if backend.restores_at_boot:
+        remove_unit(p, name)
     _remove_fstab_entry(p, name, entry)
     kept = []
     for role, info in entry.get("devices", {}).items():
@@ -121,8 +124,6 @@ def _forget(p: Planner, name: str, env: Env, entry: dict, kept: list) -> None:
 
 def _plan_forget(name: str, entry: dict, env: Env, why: str | None) -> Plan:
     """--forget: drop the entry, its fstab line and its unit; touch no device."""
-    from hotcache.provision.engine.restore import remove_unit
-
     if why is None and entry.get("backend") != "none":
         raise RefusedError(f"{name} is live, so --forget would leave a running cache that "
                            "hotcache no longer knows",

@@ -4,7 +4,6 @@ this kernel and these programs allow."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from hotcache.provision.block import blockdev
 from hotcache.provision.system.runner import Runner, which
@@ -37,41 +36,6 @@ def discover(include_empty_loops: bool = False) -> list[dict]:
         row["type"] = dev.device_type  # disk or partition
         rows.append(row)
     return sorted(rows, key=lambda r: r["node"])
-
-
-def kernel_has(feature: str) -> bool:
-    """A kernel feature is usable when it is built in or its module can be found."""
-    if feature == "device-mapper":
-        return Path("/dev/mapper/control").exists() and _dm_answers()
-    if feature == "bcache":
-        return Path("/sys/fs/bcache").is_dir()
-    return False
-
-
-def _dm_answers() -> bool:
-    if not which("dmsetup"):
-        return False
-    return Runner().run(["dmsetup", "version"], check=False).returncode == 0
-
-
-def _module_available(module: str) -> bool:
-    release = os.uname().release
-    base = Path("/lib/modules") / release
-    if not base.is_dir():
-        return False
-    builtin = base / "modules.builtin"
-    names = {module, module.replace("-", "_")}
-    if builtin.exists() and any(Path(l).stem.replace(".ko", "") in names
-                                for l in builtin.read_text().split()):
-        return True
-    dep = base / "modules.dep"
-    if not dep.exists():
-        return False
-    for line in dep.read_text().splitlines():
-        stem = Path(line.split(":", 1)[0]).name.split(".ko")[0]
-        if stem in names:
-            return True
-    return False
 
 
 def backend_report() -> list[dict]:

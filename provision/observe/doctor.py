@@ -90,7 +90,7 @@ def used_backends(caches: dict) -> set[str]:
 
 
 def check_kernel(caches: dict) -> list[Finding]:
-    from hotcache.provision.observe.discover import kernel_has
+    from hotcache.provision.block.kernel import kernel_has
 
     out = []
     used = used_backends(caches)
@@ -201,7 +201,7 @@ def restore_installed(unit_dir: Path, name: str) -> list[str]:
 def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
     """bcache tunables and raw dm-cache tables need `hotcache restore` at boot: apply
     installs hotcache-restore-NAME.service (provision/restore.py) and enables it."""
-    from hotcache.provision.engine.restore import unit_name
+    from hotcache.provision.engine.bootunit import unit_name
 
     out = []
     for name, entry in sorted(caches.items()):

@@ -201,7 +201,7 @@ def test_missing_program_is_a_problem_only_for_a_backend_in_use(host, monkeypatc
 
 
 def test_boot_restore_unit_must_be_installed_and_enabled(tmp_path):
-    from hotcache.provision.engine.restore import unit_name
+    from hotcache.provision.engine.bootunit import unit_name
 
     caches = {"fast": {"backend": "bcache", "tunables": {"sequential_cutoff": 0}},
               "plain": {"backend": "bcache", "tunables": {}},  # cache_mode survives alone

@@ -108,9 +108,8 @@ class FakeHost:
 def install(monkeypatch, tmp_path: Path) -> FakeHost:
     """Point every host read of planning at a fresh fake host under tmp_path."""
     from hotcache.provision.backends import bcache_sysfs as sb
-    from hotcache.provision.block import blockdev, identity
+    from hotcache.provision.block import blockdev, identity, kernel
     from hotcache.provision.engine import apply
-    from hotcache.provision.observe import discover
 
     host = FakeHost(tmp_path / "host")
     for attr, value in (("sys_block", host.sys), ("by_id", host.by_id),
@@ -125,7 +124,7 @@ def install(monkeypatch, tmp_path: Path) -> FakeHost:
     monkeypatch.setattr(blockdev, "devnum", lambda node: "254:0")
     monkeypatch.setattr(blockdev.probe, "readable", lambda node: True)
     monkeypatch.setattr(apply, "require", lambda program: program)
-    monkeypatch.setattr(discover, "kernel_has", lambda feature: True)
+    monkeypatch.setattr(kernel, "kernel_has", lambda feature: True)
     (tmp_path / "host" / "sys" / "fs" / "bcache").mkdir(parents=True)
     monkeypatch.setattr(sb, "SYS_FS", tmp_path / "host" / "sys" / "fs" / "bcache")
     monkeypatch.setattr(sb, "SYS_BLOCK", host.sys)

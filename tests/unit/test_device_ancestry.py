@@ -12,7 +12,7 @@ from hotcache.provision.backends.plain import Plain
 from hotcache.provision.block import blockdev
 from hotcache.provision.block.blockdev import Mount
 from hotcache.provision.engine import apply, owners
-from hotcache.provision.engine.plan import Plan
+from hotcache.provision.plan import Plan
 from hotcache.provision.engine.spec import CacheSpec
 from hotcache.provision.system.runner import Result, Runner
 

@@ -9,7 +9,7 @@ from hotcache.provision import mapping
 from hotcache.provision.backends import lvmcache
 from hotcache.provision.block.blockdev import DeviceReport
 from hotcache.provision.engine import apply, teardown
-from hotcache.provision.engine.plan import Plan
+from hotcache.provision.plan import Plan
 from hotcache.provision.engine.spec import CacheSpec
 from hotcache.provision.system.runner import Result, Runner
 
