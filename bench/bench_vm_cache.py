@@ -154,7 +154,7 @@ def read_pass(folder: Path, devices: dict[str, str] | None = None) -> float:
 def hotcache(*args) -> None:
     from typer.testing import CliRunner
 
-    from hotcache.provision.cli.commands import app
+    from hotcache.provision.cli.app import app
 
     res = CliRunner().invoke(app, [str(a) for a in args])
     if res.exit_code != 0:

@@ -2,31 +2,32 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from hotcache.provision.cli.common import (FstabOpt, JsonOpt, StateOpt, YesOpt, carry_out,
+                                           holding_state, make_env, need_root)
 
-def register(app) -> None:
-    from hotcache.provision.cli.commands import FstabOpt, JsonOpt, StateOpt, YesOpt
 
-    @app.command()
-    def restore(
-        names: Optional[List[str]] = typer.Argument(None, help="Caches to restore (default: all)."),
-        yes: bool = YesOpt, as_json: bool = JsonOpt,
-        state: Optional[str] = StateOpt, fstab: Optional[str] = FstabOpt,
-    ):
-        """Bring the caches in the mapping back after a boot: recreate dm-cache tables,
-        register bcache devices, activate LVs, write back the tunables the kernel forgot
-        (sequential_cutoff, ...), and mount. It is what the unit `apply` installs runs at
-        boot; running it on a healthy host changes nothing."""
-        from pathlib import Path
+def register(app: typer.Typer) -> None:
+    app.command()(restore)
 
-        from hotcache.provision.cli.commands import carry_out, holding_state, make_env, need_root
-        from hotcache.provision.engine.restore import plan_restore
 
-        need_root("restore")
-        env = make_env(state and Path(state), fstab and Path(fstab))
-        with holding_state(env, f"restore {' '.join(names or [])}".strip()):
-            carry_out(plan_restore(env, names or None), env, "restore", yes=yes,
-                      as_json=as_json, done="run; caches restored")
+def restore(
+    names: Optional[List[str]] = typer.Argument(None, help="Caches to restore (default: all)."),
+    yes: bool = YesOpt, as_json: bool = JsonOpt,
+    state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
+):
+    """Bring the caches in the mapping back after a boot: recreate dm-cache tables,
+    register bcache devices, activate LVs, write back the tunables the kernel forgot
+    (sequential_cutoff, ...), and mount. It is what the unit `apply` installs runs at
+    boot; running it on a healthy host changes nothing."""
+    from hotcache.provision.engine.restore import plan_restore
+
+    need_root("restore")
+    env = make_env(state, fstab)
+    with holding_state(env, f"restore {' '.join(names or [])}".strip()):
+        carry_out(plan_restore(env, names or None), env, "restore", yes=yes,
+                  as_json=as_json, done="run; caches restored")

@@ -1,120 +1,21 @@
-"""The `hotcache` command. Parsing and presentation only: the work is in the modules it
-calls, imported inside each command so that `hotcache --help` starts fast."""
+"""The core commands: devices, plan, apply, status, teardown, schema. Parsing and
+presentation only: the work is in the modules each command imports when it runs."""
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from typer.exceptions import TyperException
 
-from hotcache.provision.errors import ExitCode, HotcacheError, NotRoot, RefusedError
-
-app = typer.Typer(
-    help="SSD caches in front of HDD arrays, verified hot copies of datasets, and the "
-         "numbers that tell whether training waits for data.\n\n"
-         "Typical flow: `hotcache devices` to see the disks, write a host spec (see "
-         "examples/), `hotcache plan SPEC`, `hotcache apply SPEC`, `hotcache status`.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+from hotcache.provision.cli.common import (FstabOpt, JsonOpt, StateOpt, YesOpt, carry_out,
+                                           confirm, console, emit, holding_state, make_env,
+                                           need_root, run_steps, show_plan)
+from hotcache.provision.errors import ExitCode
+from hotcache.provision.system.sizes import size
 
 
-def _version(value: bool) -> None:
-    if value:
-        from hotcache.provision import __version__
-
-        sys.stdout.write(f"hotcache {__version__}\n")
-        raise typer.Exit(0)
-
-
-@app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
-    """hotcache: SSD caches, hot copies and input-bound diagnostics for GPU hosts."""
-
-
-JsonOpt = typer.Option(False, "--json", help="Print a JSON document instead of text.")
-StateOpt = typer.Option(None, "--state", envvar="HOTCACHE_STATE", show_envvar=True,
-                        help="Mapping file [default: /etc/hotcache/mappings.yaml].")
-FstabOpt = typer.Option(None, "--fstab", envvar="HOTCACHE_FSTAB", show_envvar=True,
-                        help="fstab file that persistent mounts go to [default: /etc/fstab].")
-YesOpt = typer.Option(False, "--yes", "-y", help="Do it without asking for confirmation.")
-
-
-def emit(doc) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
-
-
-def console():
-    from rich.console import Console
-    # soft_wrap: a long path is never cut into two lines (piped output is 80 columns wide).
-    return Console(highlight=False, soft_wrap=True)
-
-
-def need_root(command: str) -> None:
-    if os.geteuid() != 0:
-        raise NotRoot(command)
-
-
-def make_env(state: Optional[Path], fstab_file: Optional[Path], dry_run: bool = False):
-    from hotcache.provision.engine.apply import Env
-    from hotcache.provision.system.fstab import fstab_path
-    from hotcache.provision.mapping import state_path
-    from hotcache.provision.system.runner import Runner
-
-    return Env(Runner(dry_run=dry_run), state_path(state and str(state)),
-               fstab_path(fstab_file and str(fstab_file)))
-
-
-@contextlib.contextmanager
-def holding_state(env, command: str):
-    """One lock on the mapping from plan through confirmation to the last step."""
-    from hotcache.provision.mapping import holding
-
-    def waiting(who: str) -> None:
-        sys.stderr.write(f"hotcache: waiting for {who} to finish (it holds the lock on "
-                         f"{env.state})\n")
-        sys.stderr.flush()
-    with holding(env.state, f"hotcache {command}", waiting):
-        yield
-
-
-def confirm(what: str, yes: bool) -> None:
-    if yes:
-        return
-    if not sys.stdin.isatty():
-        raise RefusedError(f"{what}: confirmation needed and there is no terminal to ask on",
-                           hint="read `hotcache plan` and pass --yes")
-    if not typer.confirm(f"{what}?", default=False):
-        raise RefusedError(f"{what}: not confirmed; nothing was changed")
-
-
-def show_plan(plan, title: str) -> None:
-    c = console()
-    for name in plan.unchanged:
-        c.print(f"[green]{name}[/]: already as specified, nothing to do")
-    current = None
-    for i, step in enumerate(plan.steps, 1):
-        if step.cache != current:
-            current = step.cache
-            c.print(f"[bold]{current}[/]:")
-        mark = "[red]![/]" if step.destructive else " "
-        c.print(f" {mark}{i:>2}. {step.summary}", soft_wrap=True)
-        if step.argv:
-            c.print(f"       [cyan]{step.shown()}[/]", soft_wrap=True)
-    for note in plan.notes:
-        c.print(f"[yellow]note[/]: {note}", soft_wrap=True)
-    if plan.empty:
-        c.print(f"{title}: no changes")
-
-
-@app.command()
 def devices(
     as_json: bool = JsonOpt,
     all_: bool = typer.Option(False, "--all", help="Include loop devices that are not attached."),
@@ -143,7 +44,7 @@ def devices(
                   "mounted", "safe")
     for d in rows:
         sigs = ",".join(sorted({s.get("type", "?") for s in d["signatures"]})) or "-"
-        table.add_row(d["node"], _size(d["size"]), d["kind"],
+        table.add_row(d["node"], size(d["size"]), d["kind"],
                       " / ".join(x for x in (d["model"], d["serial"]) if x) or "-",
                       "\n".join(os.path.basename(b) for b in d["by_id"]) or "-", sigs,
                       ",".join(d["mountpoints"]) or "-",
@@ -154,17 +55,6 @@ def devices(
         c.print("[yellow]note[/]: not root, so on-disk signatures could not be read")
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-@app.command()
 def plan(
     spec: Path = typer.Argument(..., help="Host spec (YAML)."),
     dataset: List[Path] = typer.Option([], "--dataset", metavar="PATH",
@@ -199,7 +89,6 @@ def plan(
     show_plan(result, "plan")
 
 
-@app.command()
 def apply(
     spec: Path = typer.Argument(..., help="Host spec (YAML)."),
     yes: bool = YesOpt, as_json: bool = JsonOpt,
@@ -219,40 +108,6 @@ def apply(
                   done="applied; `hotcache status` shows the result")
 
 
-def carry_out(result, env, title: str, *, yes: bool, as_json: bool, done: str) -> None:
-    """Show a plan, confirm it, run it with progress, report (apply, restore)."""
-    if result.empty:
-        if as_json:
-            return emit({"changed": False, **result.to_json()})
-        return show_plan(result, title)
-    if not as_json:
-        show_plan(result, title)
-    confirm(f"{title} {len(result.steps)} steps", yes)
-    _run_steps(result, env, quiet=as_json)
-    if as_json:
-        return emit({"changed": True, **result.to_json()})
-    console().print(f"[green]done[/]: {len(result.steps)} steps {done}")
-
-
-def _run_steps(result, env, quiet: bool) -> None:
-    from hotcache.provision.engine.apply import execute
-
-    if quiet or not sys.stderr.isatty():
-        return execute(result, env.runner)
-    from rich.progress import Progress
-
-    from rich.console import Console
-
-    with Progress(transient=True, console=Console(stderr=True)) as bar:
-        task = bar.add_task("applying", total=len(result.steps))
-
-        def tick(i, step):
-            bar.update(task, completed=i, description=step.summary[:60])
-
-        execute(result, env.runner, tick)
-
-
-@app.command()
 def status(
     name: Optional[str] = typer.Argument(None, help="One cache (default: all)."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
@@ -313,8 +168,8 @@ def status(
                     f"{'yes' if r['mounted'] else 'no'}, noatime: "
                     f"{'yes' if r['noatime'] else 'no'}")
             if r["size_bytes"]:
-                c.print(f"  used {_size(r['used_bytes'])} of {_size(r['size_bytes'])}, "
-                        f"free {_size(r['free_bytes'])}")
+                c.print(f"  used {size(r['used_bytes'])} of {size(r['size_bytes'])}, "
+                        f"free {size(r['free_bytes'])}")
             for k, v in (r.get("cache") or {}).items():
                 c.print(f"  {k}: {v}")
             for k, v in (r.get("working_set") or {}).items():
@@ -344,7 +199,6 @@ def _over_interval(rows, path, fstab, name, seconds: float) -> list[dict]:
     return later
 
 
-@app.command()
 def teardown(
     name: str = typer.Argument(..., help="The cache to take down."),
     yes: bool = YesOpt,
@@ -378,13 +232,12 @@ def teardown(
             show_plan(result, "teardown")
         what = f"forget {name}" if forget else f"take {name} down"
         confirm(f"{what} ({len(result.steps)} steps)", yes)
-        _run_steps(result, env, quiet=as_json)
+        run_steps(result, env, quiet=as_json)
     if as_json:
         return emit({"changed": True, **result.to_json()})
     console().print(f"[green]done[/]: {name} is " + ("forgotten" if forget else "down"))
 
 
-@app.command()
 def schema():
     """Print the JSON Schema of the host spec (for editors and CI validation)."""
     from hotcache.provision.engine.spec import json_schema
@@ -392,33 +245,6 @@ def schema():
     emit(json_schema())
 
 
-# Commands that live in their own modules; each imports its heavy parts lazily.
-from hotcache.provision.cli import cache as cli_cache  # noqa: E402
-from hotcache.provision.cli import copies as cli_copies
-from hotcache.provision.cli import kube as cli_kube
-from hotcache.provision.cli import observe as cli_observe
-
-for _module in (cli_copies, cli_cache, cli_observe, cli_kube):
-    _module.register(app)
-
-
-def main() -> None:
-    try:
-        rc = app(standalone_mode=False)
-    except HotcacheError as err:
-        if "--json" in sys.argv:
-            emit(err.to_json())
-        sys.stderr.write(f"hotcache: {err}\n")
-        sys.exit(err.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        sys.stderr.write("hotcache: aborted\n")
-        sys.exit(ExitCode.REFUSED)
-    except TyperException as exc:  # usage errors: unknown option, missing argument
-        exc.show()
-        sys.exit(ExitCode.BAD_INPUT)
-    except KeyboardInterrupt:
-        sys.stderr.write("hotcache: interrupted; run the same command again to finish\n")
-        sys.exit(130)
-    sys.exit(rc if isinstance(rc, int) else 0)
+def register(app: typer.Typer) -> None:
+    for command in (devices, plan, apply, status, teardown, schema):
+        app.command()(command)

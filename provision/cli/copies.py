@@ -8,11 +8,7 @@ from typing import List, Optional
 
 import typer
 
-JsonOpt = typer.Option(False, "--json", help="Print a JSON summary instead of text.")
-StateOpt = typer.Option(None, "--state", envvar="HOTCACHE_STATE", show_envvar=True,
-                        help="Mapping file [default: /etc/hotcache/mappings.yaml].")
-JobsOpt = typer.Option(0, "--jobs", "-j", min=0, show_default=False,
-                       help="Parallel reader threads [default: 4 per CPU, at most 16].")
+from hotcache.provision.cli.common import JobsOpt, JsonOpt, StateOpt, console, emit
 MetricsDirOpt = typer.Option(
     None, "--metrics-dir", envvar="HOTCACHE_METRICS_DIR", show_envvar=True, metavar="DIR",
     help="While running, publish bytes and files done and left as metrics in DIR (node_"
@@ -33,7 +29,6 @@ def _meter(as_json: bool, metrics_dir: Optional[Path] = None, operation: str = "
 
 
 def _out():
-    from hotcache.provision.cli.commands import console, emit
     return console(), emit
 
 

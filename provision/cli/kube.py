@@ -1,5 +1,5 @@
 """CLI commands for Kubernetes: `hotcache kube labels` and `hotcache kube manifests`.
-Registered on the main app by commands.py; the work is in observe/nodelabels.py and
+Registered on the app by cli/app.py; the work is in observe/nodelabels.py and
 observe/kube.py, imported inside each command."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
+from hotcache.provision.cli.common import FstabOpt, JsonOpt, StateOpt, emit
 
 kube_app = typer.Typer(
     help="Send training jobs to the nodes that hold their hot data.\n\n"
@@ -30,8 +32,6 @@ def _host(state: Optional[Path], fstab: Optional[Path]):
 
 
 def register(app) -> None:
-    from hotcache.provision.cli.commands import FstabOpt, JsonOpt, StateOpt, emit
-
     app.add_typer(kube_app, name="kube")
 
     @kube_app.command("labels")

@@ -1,5 +1,5 @@
 """CLI commands for observability: `doctor` and `metrics-timer` (the metrics themselves
-are `hotcache status --prometheus FILE`). Registered on the main app by cli.py; only
+are `hotcache status --prometheus FILE`). Registered on the app by cli/app.py; only
 typer is imported here, the work is imported inside each command."""
 
 from __future__ import annotations
@@ -9,13 +9,11 @@ from typing import Optional
 
 import typer
 
-UnitDirOpt = typer.Option(None, "--unit-dir", envvar="HOTCACHE_UNIT_DIR", show_envvar=True,
-                          help="Folder of systemd units [default: /etc/systemd/system].")
+from hotcache.provision.cli.common import (FstabOpt, JsonOpt, StateOpt, UnitDirOpt, console,
+                                           emit, need_root)
 
 
 def register(app) -> None:
-    from hotcache.provision.cli.commands import FstabOpt, JsonOpt, StateOpt
-
     @app.command()
     def doctor(
         as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
@@ -33,7 +31,6 @@ def register(app) -> None:
         restore of bcache tunables and dm-cache tables, drift between the mapping and the
         devices, free space and verification of hot copies. Exits 9 when it finds a
         problem (warnings alone exit 0)."""
-        from hotcache.provision.cli.commands import emit
         from hotcache.provision.observe.doctor import PROBLEM, WARNING, Options, report, run
         from hotcache.provision.errors import ExitCode
         from hotcache.provision.system.fstab import fstab_path
@@ -47,7 +44,6 @@ def register(app) -> None:
         if as_json:
             emit(doc)
         else:
-            from hotcache.provision.cli.commands import console
 
             c = console()
             for f in doc["findings"]:
@@ -85,12 +81,10 @@ def register(app) -> None:
         Kubernetes schedules on. The current --state and --fstab go into the service. Idempotent; --json reports {"changed": ...}."""
         import sys
 
-        from hotcache.provision.cli.commands import emit
         from hotcache.provision.observe.metrics import DEFAULT_TEXTFILE, DEFAULT_UNIT_DIR, install_timer, timer_units
         from hotcache.provision.system.runner import Runner
 
         if not check:
-            from hotcache.provision.cli.commands import need_root
 
             need_root("metrics-timer")
         units = None

@@ -41,7 +41,7 @@ def hotcache(*args: str) -> Result:
     """The CLI, in this process (a new Python costs ~3 s under emulation)."""
     from typer.testing import CliRunner
 
-    from hotcache.provision.cli.commands import app
+    from hotcache.provision.cli.app import app
     from hotcache.provision.errors import HotcacheError
 
     res = CliRunner().invoke(app, [str(a) for a in args])

@@ -1,0 +1,62 @@
+"""The `hotcache` typer app: every command module registers its commands on it the same
+way (`register(app)`), and main() maps errors to exit codes (errors.py)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from typer.exceptions import TyperException
+
+from hotcache.provision.cli import cache, commands, copies, kube, observe
+from hotcache.provision.cli.common import emit
+from hotcache.provision.errors import ExitCode, HotcacheError
+
+app = typer.Typer(
+    help="SSD caches in front of HDD arrays, verified hot copies of datasets, and the "
+         "numbers that tell whether training waits for data.\n\n"
+         "Typical flow: `hotcache devices` to see the disks, write a host spec (see "
+         "examples/), `hotcache plan SPEC`, `hotcache apply SPEC`, `hotcache status`.",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from hotcache.provision import __version__
+
+        sys.stdout.write(f"hotcache {__version__}\n")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """hotcache: SSD caches, hot copies and input-bound diagnostics for GPU hosts."""
+
+
+for _module in (commands, copies, cache, observe, kube):
+    _module.register(app)
+
+
+def main() -> None:
+    try:
+        rc = app(standalone_mode=False)
+    except HotcacheError as err:
+        if "--json" in sys.argv:
+            emit(err.to_json())
+        sys.stderr.write(f"hotcache: {err}\n")
+        sys.exit(err.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("hotcache: aborted\n")
+        sys.exit(ExitCode.REFUSED)
+    except TyperException as exc:  # usage errors: unknown option, missing argument
+        exc.show()
+        sys.exit(ExitCode.BAD_INPUT)
+    except KeyboardInterrupt:
+        sys.stderr.write("hotcache: interrupted; run the same command again to finish\n")
+        sys.exit(130)
+    sys.exit(rc if isinstance(rc, int) else 0)
