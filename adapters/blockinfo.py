@@ -17,7 +17,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hotcache.provision.block.blockdev import unescape_mountinfo
+from hotcache.provision.system import mountinfo
 
 SYS_DEV_BLOCK = Path("/sys/dev/block")
 MOUNTINFO = Path("/proc/self/mountinfo")
@@ -49,18 +49,8 @@ class Backing:
 def mount_of(path: Path) -> tuple[str, str, str, str, str] | None:
     """(mountpoint, fstype, source, major:minor, root) of the mount holding `path`; root
     is mountinfo's 4th field, the folder of the filesystem that a bind mount shows."""
-    best = None
-    target = str(path)
-    for line in MOUNTINFO.read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        parts = left.split()
-        mnt = unescape_mountinfo(parts[4])
-        inside = target == mnt or target.startswith(mnt.rstrip("/") + "/")
-        if inside and (best is None or len(mnt) >= len(best[0])):
-            fstype, source = (right.split() + ["", ""])[:2]
-            best = (mnt, fstype, unescape_mountinfo(source), parts[2],
-                    unescape_mountinfo(parts[3]))
-    return best
+    m = mountinfo.holding(mountinfo.read(str(MOUNTINFO)), str(path))
+    return None if m is None else (m.mountpoint, m.fstype, m.source, m.source_dev, m.root)
 
 
 def _read(path: Path) -> str | None:

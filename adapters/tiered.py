@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotcache.provision.errors import DataRootError
-from hotcache.provision.hotcopy import manifest
-from hotcache.provision.hotcopy.format import MANIFEST, RESERVED
+from hotcache.provision.hotcopy.format import MANIFEST, RESERVED, read_manifest
 
 ENV_COLD = "DATA_COLD_ROOT"
 
@@ -33,7 +32,7 @@ class Tiers:
         """The members of a verified hot copy under `hot`; none for any other copy."""
         if not (verified and copy_root):
             return cls(hot, cold)
-        listed = manifest.read(Path(copy_root) / MANIFEST)
+        listed = read_manifest(Path(copy_root) / MANIFEST)
         sub = hot.relative_to(copy_root).as_posix()
         if sub in ("", "."):
             return cls(hot, cold, frozenset(listed))

@@ -11,7 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from hotcache.provision.block.blockdev import unescape_mountinfo
+from hotcache.provision.system import mountinfo
 
 HOTCACHE = [sys.executable, "-m", "hotcache.provision"]
 
@@ -57,10 +57,9 @@ def loop_spec(tmp: Path, name: str = "hot", size: str = "512M", **fs) -> str:
 def mounts_under(root: Path) -> list[str]:
     out = []
     prefix = str(root).rstrip("/") + "/"
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mp = unescape_mountinfo(line.split()[4])   # "my data" is listed as my\040data
-        if mp.startswith(prefix):
-            out.append(mp)
+    for m in mountinfo.read():    # "my data" is listed as my\040data: read() decodes it
+        if m.mountpoint.startswith(prefix):
+            out.append(m.mountpoint)
     return out
 
 

@@ -7,45 +7,21 @@ sysfs and /proc first (no subprocess for what the kernel already tells), `blkid`
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hotcache.provision.block import probe
 from hotcache.provision.errors import ProbeFailed
+from hotcache.provision.system import mountinfo
+from hotcache.provision.system.mountinfo import Mount
 from hotcache.provision.system.runner import Runner
 
 SYS_BLOCK = Path("/sys/class/block")
 
 
-@dataclass(frozen=True)
-class Mount:
-    source_dev: str      # major:minor
-    mountpoint: str
-    fstype: str
-    options: tuple[str, ...]
-    source: str
-
-
 def mounts() -> list[Mount]:
-    """Parse /proc/self/mountinfo: the kernel's own view, with major:minor numbers."""
-    out = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, _, right = line.partition(" - ")
-        parts = left.split()
-        fstype, source, super_opts = (right.split() + ["", "", ""])[:3]
-        options = tuple(dict.fromkeys(parts[5].split(",") + super_opts.split(",")))
-        out.append(Mount(parts[2], unescape_mountinfo(parts[4]), fstype, options, source))
-    return out
-
-
-_OCTAL = re.compile(r"\\([0-7]{3})")
-
-
-def unescape_mountinfo(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as \\ooo octal; everything else
-    (UTF-8 names included) is left as it is."""
-    return _OCTAL.sub(lambda m: chr(int(m.group(1), 8)), field)
+    """/proc/self/mountinfo: the kernel's own view, with major:minor numbers."""
+    return mountinfo.read()
 
 
 def mount_at(mountpoint: str) -> Mount | None:

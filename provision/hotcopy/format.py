@@ -18,6 +18,8 @@ import os
 import re
 from pathlib import Path
 
+from hotcache.provision.errors import UsageError
+
 FORMAT = 1
 MANIFEST = "SHA256SUMS"
 METADATA = ".hotcache-copy.json"
@@ -59,3 +61,40 @@ def read_metadata(dest: Path) -> dict | None:
     if not (dest / MANIFEST).is_file():
         return None
     return meta
+
+
+def _unescape(text: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            out.append({"\\": "\\", "n": "\n", "r": "\r"}.get(text[i + 1], text[i + 1]))
+            i += 2
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def read_manifest(path: Path, dir_fd: int | None = None) -> dict[str, str]:
+    """{relative path: sha256 hex} from a manifest written from `text` or by sha256sum.
+    The manifest itself is never a symlink (O_NOFOLLOW); with `dir_fd`, `path` is a name
+    in that folder."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        with open(fd, "rb") as f:
+            text = os.fsdecode(f.read())
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the manifest ({exc.strerror})") from None
+    digests: dict[str, str] = {}
+    for n, raw in enumerate(text.split("\n"), 1):
+        if not raw:
+            continue
+        escaped = raw.startswith("\\")
+        body = raw[1:] if escaped else raw
+        digest, sep, name = body.partition(" ")
+        if not sep or len(digest) != 64 or not name or name[0] not in " *":
+            raise UsageError(f"{path}: line {n} is not a sha256sum line: {raw[:80]!r}",
+                             hint="the copy's manifest was edited; copy it again")
+        name = name[1:]
+        digests[_unescape(name) if escaped else name] = digest.lower()
+    return digests
