@@ -27,19 +27,16 @@ Run as root on the host, under the guest lock:
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_vm_cache as vm  # noqa: E402  (its guest helpers: sh, drop_caches, hotcache...)
+import bench_vm_cache as vm  # its guest helpers: sh, drop_caches, hotcache... (beside it)
+import vmboot
 
 REPO = vm.REPO
 XFS_PART_MIB = 320                    # mkfs.xfs makes nothing under 300 MB
@@ -51,35 +48,11 @@ EPOCHS = 3
 # --- host side ---------------------------------------------------------------------
 
 def host(args) -> int:
-    work = Path(tempfile.mkdtemp(prefix="hotcache-bench-big-"))
-    for name, mib in (("ssd", 2 * args.usable_mib + XFS_PART_MIB + 8),
-                      ("hdd", 3 * HDD_PART_MIB + 8)):
-        with open(work / f"{name}.img", "wb") as f:
-            f.truncate(mib * 2**20)
-    out = work / "out"
-    out.mkdir()
-    drives = (f"-drive if=none,id=ssd,file={work}/ssd.img,format=raw,cache=unsafe "
-              f"-device virtio-blk-pci,drive=ssd,serial=ssd "
-              f"-drive if=none,id=hdd,file={work}/hdd.img,format=raw,{vm.THROTTLE} "
-              f"-device virtio-blk-pci,drive=hdd,serial=hdd")
-    command = (f"cd {REPO} && PYTHONDONTWRITEBYTECODE=1 {vm.VENV}/bin/python "
-               f"bench/bench_larger_than_ssd.py --guest {out} --kib {args.kib} "
-               f"--seed {args.seed} --usable-mib {args.usable_mib} > {out}/guest.log 2>&1")
-    argv = ["timeout", "--kill-after=30", str(args.timeout), f"{vm.VENV}/bin/vng",
-            "--disable-kvm", "--run", sorted(Path("/boot").glob("vmlinuz-*-amd64"))[-1],
-            "--cpus", "2", "--memory", "1G", "--rwdir", out, f"--qemu-opts={drives}",
-            "--exec", command]
-    t0 = time.monotonic()
-    proc = subprocess.run([str(a) for a in argv], stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          errors="replace",
-                          env={**os.environ, "PATH": f"{vm.VENV}/bin:{os.environ['PATH']}"})
-    log = out / "guest.log"
-    sys.stdout.write(log.read_text() if log.exists() else proc.stdout[-5000:])
-    print(f"(boot and benchmark: {time.monotonic() - t0:.0f} s wall; files in {work})")
-    for image in ("ssd.img", "hdd.img"):
-        (work / image).unlink()
-    return 0 if (out / "results.json").exists() else 1
+    return vmboot.run_benchmark(
+        "bench_larger_than_ssd.py",
+        f"--kib {args.kib} --seed {args.seed} --usable-mib {args.usable_mib}",
+        2 * args.usable_mib + XFS_PART_MIB + 8, 3 * HDD_PART_MIB + 8,
+        prefix="hotcache-bench-big-", timeout=args.timeout)
 
 
 # --- guest side --------------------------------------------------------------------
@@ -132,12 +105,7 @@ def plain_reader(root: Path):
 
 def guest(args) -> int:
     out = Path(args.guest)
-    persist = Path("/tmp/bench-state")
-    persist.mkdir()
-    os.environ.update(HOTCACHE_STATE=str(persist / "m.yaml"),
-                      HOTCACHE_FSTAB=str(persist / "fstab"),
-                      HOTCACHE_UNIT_DIR=str(persist / "units"))
-    vm.sh("modprobe", "-a", "dm-mod", "dm-cache", "dm-cache-smq", "bcache", "xfs")
+    persist = vm.guest_setup()
     for disk, parts in (("ssd", (args.usable_mib, args.usable_mib, XFS_PART_MIB)),
                         ("hdd", (HDD_PART_MIB,) * 3)):
         vm.sh("sfdisk", "--quiet", f"/dev/disk/by-id/virtio-{disk}",
@@ -268,19 +236,17 @@ def guest(args) -> int:
     return 0
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(ap) -> None:
     ap.add_argument("--kib", type=int, default=128, help="file size")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--usable-mib", type=int, default=96,
                     help="the SSD's size: each block cache's partition, and the free space "
                          "left on (d)'s XFS")
     ap.add_argument("--timeout", type=int, default=1500, help="seconds for the whole boot")
-    ap.add_argument("--guest", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("run as root (it boots a QEMU guest and builds caches in it)")
-    return guest(args) if args.guest else host(args)
+
+
+def main() -> int:
+    return vmboot.main(__doc__, arguments, host, guest)
 
 
 if __name__ == "__main__":

@@ -13,26 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from bench_startup import median_wall   # beside this file
 from hotcache.provision.hotcopy import format as hotcopy_format
 
 HOTCACHE = str(Path(sys.executable).with_name("hotcache"))
-
-
-def median_wall(argv: list[str], runs: int, env: dict) -> float:
-    samples = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       check=False)
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 def make_copies(root: Path, n: int) -> None:

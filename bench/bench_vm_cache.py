@@ -31,56 +31,30 @@ on the first pass after `hotcache warm`.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-VENV = REPO / ".venv"
+import vmboot   # beside this file: the QEMU boot the guest-kernel tests use too
+
+REPO, VENV = vmboot.REPO, vmboot.VENV
 SSD_PARTS, HDD_PARTS = (300, 300, 300), (480, 480, 480)   # MiB; the 4th takes the rest
 SSD_MIB, HDD_MIB = 1280, 1984
 BACKENDS = {"bcache": (1, "none"), "dm-cache": (2, "passthrough"),
             "lvmcache": (3, "passthrough")}
-THROTTLE = "cache=none,throttling.iops-total=150,throttling.bps-total=157286400"
+THROTTLE = vmboot.THROTTLE
 
 
 # --- host side ---------------------------------------------------------------------
 
 def host(args) -> int:
-    work = Path(tempfile.mkdtemp(prefix="hotcache-bench-vm-"))
-    for name, mib in (("ssd", SSD_MIB), ("hdd", HDD_MIB)):
-        with open(work / f"{name}.img", "wb") as f:
-            f.truncate(mib * 2**20)
-    out = work / "out"
-    out.mkdir()
-    drives = (f"-drive if=none,id=ssd,file={work}/ssd.img,format=raw,cache=unsafe "
-              f"-device virtio-blk-pci,drive=ssd,serial=ssd "
-              f"-drive if=none,id=hdd,file={work}/hdd.img,format=raw,{THROTTLE} "
-              f"-device virtio-blk-pci,drive=hdd,serial=hdd")
-    command = (f"cd {REPO} && PYTHONDONTWRITEBYTECODE=1 {VENV}/bin/python "
-               f"bench/bench_vm_cache.py --guest {out} --files {args.files} --kib {args.kib}"
-               f" > {out}/guest.log 2>&1")
-    argv = ["timeout", "--kill-after=30", "1500", f"{VENV}/bin/vng", "--disable-kvm",
-            "--run", sorted(Path("/boot").glob("vmlinuz-*-amd64"))[-1], "--cpus", "2",
-            "--memory", "1G", "--rwdir", out, f"--qemu-opts={drives}", "--exec", command]
-    t0 = time.monotonic()
-    proc = subprocess.run([str(a) for a in argv], stdin=subprocess.DEVNULL,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          errors="replace",
-                          env={**os.environ, "PATH": f"{VENV}/bin:{os.environ['PATH']}"})
-    log = out / "guest.log"
-    sys.stdout.write(log.read_text() if log.exists() else proc.stdout[-5000:])
-    print(f"(boot and benchmark: {time.monotonic() - t0:.0f} s wall; files in {work})")
-    for image in ("ssd.img", "hdd.img"):
-        (work / image).unlink()
-    return 0 if (out / "results.json").exists() else 1
+    return vmboot.run_benchmark("bench_vm_cache.py", f"--files {args.files} --kib {args.kib}",
+                                SSD_MIB, HDD_MIB, prefix="hotcache-bench-vm-", timeout=1500)
 
 
 # --- guest side --------------------------------------------------------------------
@@ -175,14 +149,20 @@ def spec(backend: str, mode: str, root: Path, persist: Path) -> Path:
     return path
 
 
-def guest(args) -> int:
-    out = Path(args.guest)
+def guest_setup() -> Path:
+    """In the guest: hotcache's files under /tmp/bench-state (returned), modules loaded."""
     persist = Path("/tmp/bench-state")
     persist.mkdir()
     os.environ.update(HOTCACHE_STATE=str(persist / "m.yaml"),
                       HOTCACHE_FSTAB=str(persist / "fstab"),
                       HOTCACHE_UNIT_DIR=str(persist / "units"))
     sh("modprobe", "-a", "dm-mod", "dm-cache", "dm-cache-smq", "bcache", "xfs")
+    return persist
+
+
+def guest(args) -> int:
+    out = Path(args.guest)
+    persist = guest_setup()
     for disk, parts in (("ssd", SSD_PARTS), ("hdd", HDD_PARTS)):
         layout = "label: gpt\n" + "".join(f",{m}M\n" for m in parts) + ",\n"
         sh("sfdisk", "--quiet", f"/dev/disk/by-id/virtio-{disk}", input=layout)
@@ -284,16 +264,14 @@ def guest(args) -> int:
     return 0
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(ap) -> None:
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--kib", type=int, default=100)
     ap.add_argument("--max-warm", type=int, default=8, help="hotcache warm --max-passes")
-    ap.add_argument("--guest", help=argparse.SUPPRESS)  # set when running inside the guest
-    args = ap.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("run as root (it boots a QEMU guest and builds caches in it)")
-    return guest(args) if args.guest else host(args)
+
+
+def main() -> int:
+    return vmboot.main(__doc__, arguments, host, guest)
 
 
 if __name__ == "__main__":

@@ -9,29 +9,26 @@ A guest that cannot boot fails these tests; it never skips them.
 
 from __future__ import annotations
 
-import glob
-import os
 import shutil
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
+from bench import vmboot
 from cases import BACKENDS, BOOT1, BOOT1_ONCE, BOOT2, HDD_MIB, SSD_MIB
 
 pytestmark = pytest.mark.vm
-REPO = Path(__file__).resolve().parents[2]
-VENV = REPO / ".venv"
+REPO, VENV = vmboot.REPO, vmboot.VENV
 BOOT_TIMEOUT = 900
 
 
 def kernel() -> str:
-    found = sorted(glob.glob("/boot/vmlinuz-*-amd64"))
-    if not found:
+    found = vmboot.kernel()
+    if found is None:
         pytest.fail("no /boot/vmlinuz-*-amd64: install linux-image-amd64 (.ci/install)")
-    return found[-1]
+    return found
 
 
 def boot(workdir: Path, guest_module: str, report: str) -> tuple[int, str]:
@@ -45,17 +42,8 @@ def boot(workdir: Path, guest_module: str, report: str) -> tuple[int, str]:
                f"-o junit_family=xunit1 --junitxml={out / report} "
                f"tests/vm/guest/{guest_module} > {out / (report + '.log')} 2>&1; "
                f"echo guest-pytest-exit=$?")
-    drives = " ".join(
-        f"-drive if=none,id={d},file={workdir / (d + '.img')},format=raw,cache=unsafe "
-        f"-device virtio-blk-pci,drive={d},serial={d}" for d in ("ssd", "hdd"))
-    argv = ["timeout", "--kill-after=30", str(BOOT_TIMEOUT), str(VENV / "bin" / "vng"),
-            "--disable-kvm", "--run", kernel(), "--cpus", "2", "--memory", "1G",
-            "--rwdir", str(out), f"--qemu-opts={drives}",  # one word: the value starts with -
-            "--exec", command]
-    env = {**os.environ, "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '')}"}
-    # QEMU reopens stdout with truncation: read it through a pipe, never a file.
-    proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, errors="replace", env=env)
+    kernel()
+    proc = vmboot.boot(command, out, vmboot.drives(workdir), BOOT_TIMEOUT)
     (workdir / f"{report}.console").write_text(proc.stdout)
     return proc.returncode, proc.stdout
 
