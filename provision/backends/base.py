@@ -46,13 +46,17 @@ class Backend:
         back after a boot), will show the filesystem hotcache already made on it."""
         return False
 
-    def live(self, entry: dict, runner: "Runner") -> str | None:
+    # `nodes`: the cache's devices by role as the engine found them now, by identity
+    # (None: not present or not provably the recorded one).
+
+    def live(self, entry: dict, runner: "Runner", nodes: dict) -> str | None:
         """Why the cache is not live now (its tables not loaded, its device not
         registered), so that teardown cannot flush it; None: it is live."""
         return None
 
-    def stats(self, entry: dict, runner: "Runner") -> dict:
+    def stats(self, entry: dict, runner: "Runner", nodes: dict) -> dict:
         return {}
 
-    def dismantle(self, p: "Planner", entry: dict) -> None:
-        """Queue the steps that take the cache apart once its filesystem is unmounted."""
+    def dismantle(self, p: "Planner", entry: dict, nodes: dict) -> None:
+        """Queue the steps that take the cache apart once its filesystem is unmounted
+        (the engine then removes the boot-time unit when `restores_at_boot`)."""

@@ -143,11 +143,9 @@ class Bcache(Backend):
                  lambda ctx, k=key, v=value: sb.write(
                      sb.tunable_path(k, ctx.resolve(node), cset), str(v)))
 
-    def live(self, entry, runner):
-        from hotcache.provision.backends.recorded import current_node
-
+    def live(self, entry, runner, nodes):
         st = state.of(entry)
-        node, cset = current_node(entry, "origin", runner), st.get("cset_uuid")
+        node, cset = nodes.get("origin"), st.get("cset_uuid")
         if node is None:
             return "its origin (the bcache backing device) is not present"
         if not sb.is_registered(node):
@@ -160,11 +158,9 @@ class Bcache(Backend):
             return f"{node} is attached to another cache set {attached}"
         return None
 
-    def stats(self, entry, runner):
-        from hotcache.provision.backends.recorded import current_node
-
+    def stats(self, entry, runner, nodes):
         st = state.of(entry)
-        node, cset = current_node(entry, "origin"), st.get("cset_uuid")
+        node, cset = nodes.get("origin"), st.get("cset_uuid")
         if node is None or not sb.is_registered(node):
             raise HotcacheError("the bcache backing device is not registered; run "
                                 "`hotcache restore`")
@@ -192,11 +188,9 @@ class Bcache(Backend):
             "sequential_cutoff": sb.parse_human(sb.read(d / "sequential_cutoff")),
         }
 
-    def dismantle(self, p, entry):
-        from hotcache.provision.backends.recorded import current_node
-
+    def dismantle(self, p, entry, nodes):
         st = state.of(entry)
-        node, cset = current_node(entry, "origin", p.env.runner), st.get("cset_uuid")
+        node, cset = nodes.get("origin"), st.get("cset_uuid")
         if node and sb.is_registered(node):
             if sb.attached_set(node):
                 p.do("detach the cache set (bcache first writes every dirty block back to "

@@ -103,7 +103,7 @@ class DmCache(Backend):
         # so the origin may show nothing; another signature is still a conflict.
         return ("xfs", (entry or {}).get("filesystem", {}).get("uuid"), "may be absent")
 
-    def live(self, entry, runner):
+    def live(self, entry, runner, nodes):
         names = state.of(entry).get("names") or dm_names((entry.get("spec") or {}).get("name", ""))
         if live_table(names["cache"], runner) is None:
             return f"its dm-cache table {names['cache']} is not loaded"
@@ -186,12 +186,12 @@ class DmCache(Backend):
                                         "table": want.render().replace("ORIGIN", "<origin>")})
         return f"/dev/mapper/{names['cache']}"
 
-    def stats(self, entry, runner):
+    def stats(self, entry, runner, nodes):
         names = state.of(entry).get("names") or dm_names(entry["spec"]["name"])
         res = runner.run(["dmsetup", "status", names["cache"]])
         return cache_stats(parse_status(res.stdout))
 
-    def dismantle(self, p, entry):
+    def dismantle(self, p, entry, nodes):
         runner = p.env.runner
         names = state.of(entry).get("names") or dm_names(p.cache)
         current = live_table(names["cache"], runner)

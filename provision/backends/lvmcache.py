@@ -132,7 +132,7 @@ class LvmCache(Backend):
             return ("xfs", (entry or {}).get("filesystem", {}).get("uuid"))
         return ("LVM2_member", (st.get("pv_uuids") or {}).get(role))
 
-    def live(self, entry, runner):
+    def live(self, entry, runner, nodes):
         vg, lv, _ = names(entry, (entry.get("spec") or {}).get("name", ""))
         info = lv_info(runner, vg, lv)
         if info is None:
@@ -214,15 +214,14 @@ class LvmCache(Backend):
                   *(["--chunksize", f"{int(chunk) // 1024}k"] if chunk else []),
                   *_settings_args(settings), f"{vg}/{lv}"))
 
-    def stats(self, entry, runner):
+    def stats(self, entry, runner, nodes):
         vg, lv, _ = names(entry, entry["spec"]["name"])
         st = os.stat(f"/dev/{vg}/{lv}")
         res = runner.run(["dmsetup", "status", "-j", str(os.major(st.st_rdev)),
                           "-m", str(os.minor(st.st_rdev))])
         return cache_stats(parse_status(res.stdout))
 
-    def dismantle(self, p, entry):
-        from hotcache.provision.backends.recorded import current_node
+    def dismantle(self, p, entry, nodes):
         from hotcache.provision.backends.dmcache import MIN_MIGRATION, ensure_writeback, wait_clean
 
         vg, lv, _ = names(entry, p.cache)
@@ -243,7 +242,7 @@ class LvmCache(Backend):
             p.run(f"detach and remove the cache volume (lvm flushes it first); "
                   f"{vg}/{lv} keeps the data",
                   lvm("lvconvert", "--yes", "--uncache", f"{vg}/{lv}"))
-        ssd = current_node(entry, "cache")
+        ssd = nodes.get("cache")
         if ssd and pv_vg(p.env.runner, ssd) == vg:
             p.run(f"take the SSD {ssd} out of {vg}", lvm("vgreduce", "--yes", vg, ssd))
             p.run(f"remove the LVM label from {ssd}", lvm("pvremove", "--yes", ssd))

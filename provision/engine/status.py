@@ -80,7 +80,8 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
                             "it will not be mounted at boot")
     if entry.get("backend") != "none" and not problems:
         try:
-            result["cache"] = get_backend(entry["backend"]).stats(entry, runner)
+            nodes = {role: d["node"] for role, d in devices.items()}
+            result["cache"] = get_backend(entry["backend"]).stats(entry, runner, nodes)
         except (HotcacheError, OSError, ValueError, KeyError) as exc:
             problems.append(f"cannot read cache statistics: {exc}")
     result["working_set"] = working_set(result, entry)

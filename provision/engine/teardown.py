@@ -36,7 +36,9 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
         raise UsageError("--forget touches no device, so it cannot --wipe",
                          hint=f"`hotcache teardown {name} --forget` alone")
     backend = get_backend(entry["backend"])
-    why = backend.live(entry, env.runner)
+    seen = {role: recorded.current_node(entry, role, env.runner)
+            for role in entry.get("devices", {})}
+    why = backend.live(entry, env.runner, seen)
     if forget:
         return _plan_forget(name, entry, env, why)
     if why:
@@ -69,7 +71,7 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
         p.run(f"flush and unmount {mp}", ["umount", mp])
     # The backend flushes first: if that fails, the fstab entry, the unit, the cache set
     # and the mapping entry are all still there.
-    backend.dismantle(p, entry)
+    backend.dismantle(p, entry, nodes)
     if backend.restores_at_boot:
         remove_unit(p, name)
     _remove_fstab_entry(p, name, entry)

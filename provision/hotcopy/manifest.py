@@ -12,7 +12,6 @@ are str with surrogateescape, as the os module gives them. (Reading is format.py
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from hotcache.provision.hotcopy.format import read_manifest as read
 

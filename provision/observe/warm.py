@@ -179,13 +179,15 @@ def backing(path: Path, state: Path | None) -> tuple[str, dict] | None:
 
 
 def backend_stats(entry: dict, runner) -> Callable[[], dict | None]:
-    from hotcache.provision.backends import get
+    from hotcache.provision.backends import get, recorded
 
     backend = get(entry["backend"])
 
     def read() -> dict | None:
         try:
-            return backend.stats(entry, runner)
+            nodes = {role: recorded.current_node(entry, role, runner)
+                     for role in entry.get("devices", {})}
+            return backend.stats(entry, runner, nodes)
         except (HotcacheError, OSError, ValueError, KeyError):
             return None   # statistics are a report, not a reason to stop warming
     return read

@@ -134,20 +134,12 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-# Package __init__ modules that only re-export are not edges of a cycle worth reporting
-# (Python runs them first); the graph drops the edge from a submodule to its own
-# package's __init__.
-def graph_without_parent_inits() -> dict[str, set[str]]:
-    g = graph()
-    return {m: {t for t in ts if not m.startswith(t + ".")} for m, ts in g.items()}
-
-
 def test_imports_run_one_way():
     assert wrong_way(graph()) == []
 
 
 def test_no_import_cycles():
-    assert cycles(graph_without_parent_inits()) == []
+    assert cycles(graph()) == []
 
 
 def test_the_checker_sees_a_wrong_way_import_and_a_cycle():

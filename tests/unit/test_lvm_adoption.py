@@ -76,7 +76,7 @@ def test_teardown_wipe_never_wipes_an_adopted_lv(tmp_path, monkeypatch):
     monkeypatch.setenv("HOTCACHE_UNIT_DIR", str(tmp_path / "units"))
     from hotcache.provision.backends import recorded
 
-    monkeypatch.setattr(lvmcache.LvmCache, "live", lambda self, e, r: None)   # as if active
+    monkeypatch.setattr(lvmcache.LvmCache, "live", lambda self, e, r, nodes: None)  # active
     monkeypatch.setattr(recorded, "locate", lambda e, role, *a, **k: recorded.Found(
         role, node=e["devices"][role]["node"]))
     runner = Lvm()
