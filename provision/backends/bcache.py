@@ -274,32 +274,44 @@ def detach(origin_node: str, **wait) -> None:
     sb.write(d / "detach", "1")
 
     def remaining():
-        if not d.is_dir():
-            raise FlushIncomplete(
-                f"the bcache device on {origin_node} stopped before its dirty data was "
-                "written back (a failing origin stops it: see `dmesg`); the cache set "
-                f"{cset}, the mapping entry and the boot unit are kept",
-                hint="fix the origin, `hotcache restore` to register it again, then run "
-                     "teardown again")
-        st = sb.read(d / "state")
-        if st == "no cache":
-            return 0, "detached"
-        dirty = sb.parse_human(sb.read(d / "dirty_data"))
-        return dirty + 1, f"state {st}, {sb.read(d / 'dirty_data')} dirty"
+        try:
+            return _detach_progress(d)
+        except OSError:         # the directory vanished while it was read
+            pass
+        raise FlushIncomplete(
+            f"the bcache device on {origin_node} stopped before its dirty data was written "
+            f"back (a failing origin stops it: see `dmesg`); the cache set {cset}, the "
+            "mapping entry and the boot unit are kept",
+            hint="fix the origin, `hotcache restore` to register it again, then run "
+                 "teardown again")
 
     def diagnose():
-        if not d.is_dir():
+        try:
+            return _detach_stall(d, running)
+        except OSError:
             return "the bcache device is gone"
-        rate = d / "writeback_rate"
-        return (f"state {sb.read(d / 'state')}, {sb.read(d / 'dirty_data')} dirty, writeback "
-                f"running {sb.read(running) if running.exists() else '?'}, rate "
-                f"{sb.read(rate) if rate.exists() else '?'}. An origin that returns I/O errors "
-                "holds it (see `dmesg`). The cache set and its dirty data are kept: fix the "
-                "origin, then run teardown again")
     wait_drained(f"bcache to write back dirty data from {origin_node} and detach", remaining,
                  timeout=flush_timeout(), diagnose=diagnose,
                  hint="dirty data is still on the SSD; keep the cache and run teardown again "
                       "(HOTCACHE_FLUSH_TIMEOUT sets how long to wait)", **wait)
+
+
+def _detach_progress(d) -> tuple[int, str]:
+    """(what is left, progress text) of a detach; OSError once the device is gone."""
+    st = sb.read(d / "state")
+    if st == "no cache":
+        return 0, "detached"
+    dirty = sb.read(d / "dirty_data")
+    return sb.parse_human(dirty) + 1, f"state {st}, {dirty} dirty"
+
+
+def _detach_stall(d, running) -> str:
+    rate = d / "writeback_rate"
+    return (f"state {sb.read(d / 'state')}, {sb.read(d / 'dirty_data')} dirty, writeback "
+            f"running {sb.read(running) if running.exists() else '?'}, rate "
+            f"{sb.read(rate) if rate.exists() else '?'}. An origin that returns I/O errors "
+            "holds it (see `dmesg`). The cache set and its dirty data are kept: fix the "
+            "origin, then run teardown again")
 
 
 def stop_backing(origin_node: str) -> None:

@@ -149,3 +149,34 @@ def test_a_cache_set_with_a_backing_device_attached_is_never_unregistered(bdev, 
     with pytest.raises(FlushIncomplete, match="bdev0"):
         bcache.unregister_set("cset1")
     assert (tmp_path / "fs" / "cset1" / "unregister").read_text() == ""
+
+
+def test_bcache_device_vanishing_while_its_sysfs_is_read_fails_the_teardown(bdev, monkeypatch):
+    """Seen in the guest kernel: the origin failed, bcache stopped the device, and the
+    read of dirty_data itself failed with ENODEV."""
+    real = sb.read
+
+    def read(path):
+        if path.name == "dirty_data":
+            raise OSError(19, "No such device")
+        return real(path)
+    monkeypatch.setattr(sb, "read", read)
+    with pytest.raises(FlushIncomplete, match="stopped before"):
+        bcache.detach("/dev/vdc", clock=Clock(), sleep=lambda s: None, say=lambda s: None)
+
+
+def test_dmsetup_table_of_a_missing_device_reads_as_absent_in_either_wording():
+    """Debian 12's dmsetup: 'table ioctl on NAME failed: No such device or address'."""
+    class Missing(Runner):
+        def __init__(self, stderr):
+            super().__init__(dry_run=True)
+            self.stderr = stderr
+
+        def query(self, argv, *, check=True):
+            return Result(argv, 1, "", self.stderr)
+    for stderr in ("Device hc-c1 does not exist.\nCommand failed.\n",
+                   "device-mapper: table ioctl on hc-c1 failed: No such device or address\n"
+                   "Command failed.\n"):
+        assert dmcache.live_table("hc-c1", Missing(stderr)) is None
+    with pytest.raises(Exception, match=r"dmsetup table hc-c1. failed \(exit 1\)"):
+        dmcache.live_table("hc-c1", Missing("Permission denied\nCommand failed.\n"))
