@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hotcache.provision.block import kernel
+
 if TYPE_CHECKING:
     from hotcache.provision.engine.apply import Device, Planner
     from hotcache.provision.plan import Ref
@@ -15,10 +17,12 @@ class Backend:
     name = "?"
     restores_at_boot = False    # the engine installs (and teardown removes) a restore unit
     programs: tuple[str, ...] = ()      # must be installed
-    kernel_features: tuple[str, ...] = ()  # checked by `unavailable`
+    kernel_feature: str | None = None   # what the kernel must offer (block/kernel.py)
 
     def unavailable(self) -> str | None:
         """Why this host cannot use the backend (None: it can)."""
+        if self.kernel_feature and not kernel.kernel_has(self.kernel_feature):
+            return KERNEL_MISSING[self.kernel_feature]
         return None
 
     def owns(self, entry: dict | None, dev: "Device") -> bool:
@@ -60,3 +64,10 @@ class Backend:
     def dismantle(self, p: "Planner", entry: dict, nodes: dict) -> None:
         """Queue the steps that take the cache apart once its filesystem is unmounted
         (the engine then removes the boot-time unit when `restores_at_boot`)."""
+
+
+KERNEL_MISSING = {
+    "device-mapper": "the kernel has no device-mapper (`dmsetup version` cannot reach it)",
+    "bcache": "the kernel has no bcache (no /sys/fs/bcache; `modprobe bcache` failed or "
+              "was not run)",
+}

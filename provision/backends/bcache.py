@@ -17,7 +17,7 @@ from hotcache.provision.errors import FlushIncomplete, HotcacheError, KernelUnsu
 from hotcache.provision.plan import Ref
 from hotcache.provision.system.waits import wait_until
 from hotcache.provision.backends import state
-from hotcache.provision.backends.base import Backend
+from hotcache.provision.backends.base import KERNEL_MISSING, Backend
 
 BLOCK = "4k"               # cache and backing block sizes must match to attach
 MIN_BUCKETS = 1024         # the kernel refuses fewer ("ca->sb.nbuckets is too small")
@@ -51,13 +51,11 @@ def desired_tunables(tunables: dict) -> dict:
 class Bcache(Backend):
     name = "bcache"
     restores_at_boot = True     # tunables other than cache_mode are lost at reboot
+    kernel_feature = "bcache"   # unavailable() reads bcache_sysfs.SYS_FS (tests point it)
     programs = ("make-bcache", "wipefs", "mkfs.xfs", "blkid")
 
     def unavailable(self):
-        if not sb.SYS_FS.is_dir():
-            return ("the kernel has no bcache (no /sys/fs/bcache; `modprobe bcache` failed "
-                    "or was not run)")
-        return None
+        return None if sb.SYS_FS.is_dir() else KERNEL_MISSING["bcache"]
 
     def owns(self, entry, dev):
         st = state.of(entry)

@@ -13,7 +13,7 @@ import re
 import sys
 
 from hotcache.provision.backends.dmtable import CacheTable, cache_stats, parse_status, parse_table
-from hotcache.provision.block import kernel, probe
+from hotcache.provision.block import probe
 from hotcache.provision.errors import CommandFailed, FlushIncomplete, HotcacheError, ProbeFailed
 from hotcache.provision.plan import Ref
 from hotcache.provision.system.runner import Runner
@@ -75,12 +75,8 @@ def _text(p, key: str, render, *nodes) -> "str | Ref":
 class DmCache(Backend):
     name = "dm-cache"
     restores_at_boot = True     # raw tables vanish at reboot
+    kernel_feature = "device-mapper"
     programs = ("dmsetup", "cache_metadata_size", "mkfs.xfs", "dd", "wipefs")
-
-    def unavailable(self):
-        if not kernel.kernel_has("device-mapper"):
-            return "the kernel has no device-mapper (`dmsetup version` cannot reach it)"
-        return None
 
     def owns(self, entry, dev):
         st = state.of(entry)

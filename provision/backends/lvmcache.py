@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from hotcache.provision.backends.dmtable import cache_stats, parse_status
-from hotcache.provision.block import kernel, probe
+from hotcache.provision.block import probe
 from hotcache.provision.errors import ProbeFailed
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.backends import state
@@ -102,13 +102,9 @@ def names(entry: dict | None, spec_name: str, origin=None) -> tuple[str, str, bo
 class LvmCache(Backend):
     name = "lvmcache"
     restores_at_boot = True     # activation after a boot
+    kernel_feature = "device-mapper"
     programs = ("pvcreate", "vgcreate", "vgextend", "lvcreate", "lvconvert", "lvchange",
                 "lvs", "dmsetup", "mkfs.xfs", "wipefs")
-
-    def unavailable(self):
-        if not kernel.kernel_has("device-mapper"):
-            return "the kernel has no device-mapper (`dmsetup version` cannot reach it)"
-        return None
 
     def owns(self, entry, dev):
         st = state.of(entry)
