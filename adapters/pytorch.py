@@ -274,7 +274,7 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
                 resample: str = "bilinear", decode_threads: int | None = None,
                 collate_fn=None, distributed: bool | None = None, seed: int = 0,
                 name: str = "train", log_every: int = 100, log_path=None,
-                **loader_options) -> TimedLoader:
+                clock=perf_counter, **loader_options) -> TimedLoader:
     """A timed DataLoader over `dataset`, or over the image folder at `root`
     (default: `data_root()`, which logs where the data really comes from).
 
@@ -318,4 +318,4 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
                         collate_fn=_StampedCollate(collate_fn) if stamped else collate_fn,
                         generator=generator, **loader_options)
     return TimedLoader(loader, dataset, stamped=stamped, name=name, log_every=log_every,
-                       log_path=log_path)
+                       log_path=log_path, clock=clock)

@@ -149,12 +149,15 @@ class BatchTimer:
     log_path:  append JSON lines here (default: $HOTCACHE_TIMING_LOG, if set).
     stamped:   the iterable yields (batch, worker_seconds) pairs; the timer keeps the
                seconds apart (workers' load time) and yields only the batch.
+    clock:     seconds, monotonic (perf_counter; tests pass a fake one).
     """
 
     def __init__(self, iterable, *, name: str = "batches", log_every: int = 100,
                  log_path: str | os.PathLike | None = None,
-                 logger: logging.Logger | None = None, stamped: bool = False):
+                 logger: logging.Logger | None = None, stamped: bool = False,
+                 clock=perf_counter):
         self.iterable = iterable
+        self.clock = clock
         self.name = name
         self.log_every = log_every
         self.log_path = log_path if log_path is not None else os.environ.get(ENV_LOG) or None
@@ -191,7 +194,7 @@ class BatchTimer:
         self._tiered = tier_log is not None
         if self._tiered:
             it = tier_log.stamp(it)
-        clock = perf_counter
+        clock = self.clock
         waits = self.waits
         record = waits.append
         loads = self.worker_loads.append
@@ -231,7 +234,7 @@ class BatchTimer:
         finally:
             if self._t_last == t:
                 # The consumer stopped early (break, exception): its last step ends now.
-                self._t_last = clock()
+                self._t_last = self.clock()
             self._ended = True
             summary = self.summary()
             self.summaries.append(summary)

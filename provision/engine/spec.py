@@ -169,10 +169,24 @@ class HostSpec(Strict):
 
 
 def json_schema() -> dict:
-    schema = HostSpec.model_json_schema()
+    schema = _device_shorthand(HostSpec.model_json_schema())
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "hotcache host spec"
     return schema
+
+
+def _device_shorthand(node):
+    """A device may be written as its path alone (`origin: /dev/sdb`): DeviceRef's
+    `before` validator accepts that, but pydantic's schema only shows the object form."""
+    if isinstance(node, list):
+        return [_device_shorthand(n) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("$ref") == "#/$defs/DeviceRef":
+        rest = {k: v for k, v in node.items() if k != "$ref"}
+        return {**rest, "anyOf": [{"type": "string", "pattern": "^/dev/"},
+                                  {"$ref": "#/$defs/DeviceRef"}]}
+    return {k: _device_shorthand(v) for k, v in node.items()}
 
 
 def yaml_path(loc: tuple) -> str:

@@ -89,3 +89,17 @@ def make_tfrecords(root: Path, jpeg_root: Path, shards: int = 2) -> list[tuple[s
                         "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}
                 w.write(tf.train.Example(features=tf.train.Features(feature=feat)).SerializeToString())
     return items
+
+
+class FakeClock:
+    """A clock that moves only when told: `clock()` reads it, `clock.sleep(s)` advances
+    it. Timing verdicts tested against it cannot flake on a loaded machine."""
+
+    def __init__(self, start: float = 1000.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds

@@ -4,37 +4,49 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+
+import pytest
 
 from hotcache.adapters import BatchTimer, timed, verdict
 
+from .adapters_helpers import FakeClock
 
-def slow_items(n, delay):
+
+def slow_items(n, delay, clock):
     for i in range(n):
-        time.sleep(delay)                  # the data is late
+        clock.sleep(delay)                 # the data is late
         yield i
 
 
-def consume(timer, step):
+def consume(timer, step, clock):
     got = []
     for item in timer:
-        time.sleep(step)                   # the "training step"
+        clock.sleep(step)                  # the "training step"
         got.append(item)
     return got
 
 
 def test_slow_source_is_highly_input_bound_fast_one_is_not():
-    slow = timed(slow_items(12, 0.02), name="slow", log_every=0)
-    fast = timed(list(range(12)), name="fast", log_every=0)
-    assert consume(slow, 0.002) == list(range(12))
-    assert consume(fast, 0.01) == list(range(12))
-    assert slow.summary().verdict == "highly input-bound"
-    assert fast.summary().verdict == "not input-bound"
+    """20 ms of waiting per 22 ms step is 91 % waiting; 0.1 ms per 10.1 ms is 1 %; the
+    5 % and 20 % lines sit between: 1 ms per 11 ms (9 %) is moderate."""
+    clock = FakeClock()
+    cases = {"slow": (0.02, 0.002, "highly input-bound"),
+             "middle": (0.001, 0.010, "moderately input-bound"),
+             "fast": (0.0001, 0.010, "not input-bound")}
+    for name, (delay, step, want) in cases.items():
+        timer = timed(slow_items(12, delay, clock), name=name, log_every=0, clock=clock)
+        assert consume(timer, step, clock) == list(range(12))
+        s = timer.summary()
+        assert s.first_batch_s == pytest.approx(delay)
+        # the wall runs from the first batch's arrival: 11 waits and 12 steps
+        assert s.wait_share == pytest.approx(11 * delay / (11 * (delay + step) + step)), name
+        assert s.verdict == want, (name, s)
 
 
 def test_counts_and_first_batch_kept_apart():
-    timer = BatchTimer(slow_items(5, 0.0), log_every=0)
-    consume(timer, 0)
+    clock = FakeClock()
+    timer = BatchTimer(slow_items(5, 0.0, clock), log_every=0, clock=clock)
+    consume(timer, 0, clock)
     s = timer.summary()
     assert s.batches == 5 and len(timer.waits) == 4 and s.first_batch_s is not None
     assert s.p50_wait_s <= s.p95_wait_s <= s.p99_wait_s <= s.max_wait_s
@@ -42,10 +54,14 @@ def test_counts_and_first_batch_kept_apart():
 
 
 def test_timer_starts_before_next():
-    """The wait of a source that blocks inside next() is seen, not lost."""
-    timer = BatchTimer(slow_items(3, 0.03), log_every=0)
-    consume(timer, 0)
-    assert timer.first >= 0.03 and min(timer.waits) >= 0.03
+    """The wait of a source that blocks inside next() is seen, not lost; the step's own
+    time is not counted as waiting."""
+    clock = FakeClock()
+    timer = BatchTimer(slow_items(3, 0.03, clock), log_every=0, clock=clock)
+    consume(timer, 0.5, clock)
+    assert timer.first == pytest.approx(0.03)
+    assert timer.waits == pytest.approx([0.03, 0.03])
+    assert timer.summary().total_wait_s == pytest.approx(0.06)
 
 
 def test_verdict_thresholds():
@@ -59,7 +75,7 @@ def test_logs_every_n_and_at_end_with_json_lines(tmp_path, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="hotcache.adapters")
     path = tmp_path / "timing.jsonl"
     monkeypatch.setenv("HOTCACHE_TIMING_LOG", str(path))
-    consume(timed(range(11), name="t", log_every=5), 0)
+    consume(timed(range(11), name="t", log_every=5), 0, FakeClock())
     records = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["final"] for r in records] == [False, False, True]
     assert [r["batches"] for r in records] == [6, 11, 11]
@@ -69,7 +85,7 @@ def test_logs_every_n_and_at_end_with_json_lines(tmp_path, monkeypatch, caplog):
 
 def test_epochs_and_early_break(tmp_path):
     timer = timed([1, 2, 3, 4], log_every=0, log_path=tmp_path / "t.jsonl")
-    consume(timer, 0)
+    consume(timer, 0, FakeClock())
     for item in timer:
         if item == 2:
             break

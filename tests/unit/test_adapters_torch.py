@@ -3,8 +3,6 @@ JPEGs decoded by Pillow."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,7 +10,7 @@ torch = pytest.importorskip("torch")
 from hotcache.adapters import data_root, make_loader  # noqa: E402
 from hotcache.adapters.pytorch import ImageFolderDataset  # noqa: E402
 
-from .adapters_helpers import CLASSES, make_jpegs, write_hot_copy  # noqa: E402
+from .adapters_helpers import CLASSES, FakeClock, make_jpegs, write_hot_copy  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -60,30 +58,63 @@ def test_loader_reads_data_root_and_delivers_every_sample_once(jpegs, monkeypatc
 
 
 class SlowDataset(torch.utils.data.Dataset):
-    def __init__(self, n, delay):
-        self.n, self.delay = n, delay
+    """Each sample takes `delay` seconds of the fake clock to load (num_workers=0: the
+    loading runs in this process, on the same clock the timer reads)."""
+
+    def __init__(self, n, delay, clock):
+        self.n, self.delay, self.clock = n, delay, clock
 
     def __len__(self):
         return self.n
 
     def __getitem__(self, i):
-        time.sleep(self.delay)
+        self.clock.sleep(self.delay)
         return torch.zeros(2), i
 
 
-def run(loader, step):
+def run(loader, step, clock):
     for _ in loader:
-        time.sleep(step)
+        clock.sleep(step)
     return loader.summary()
 
 
 def test_slow_dataset_is_judged_highly_input_bound_fast_one_is_not():
-    slow = make_loader(dataset=SlowDataset(24, 0.02), batch_size=4, num_workers=0,
-                       shuffle=False, log_every=0)
-    fast = make_loader(dataset=SlowDataset(24, 0.0), batch_size=4, num_workers=0,
-                       shuffle=False, log_every=0)
-    assert run(slow, 0.002).verdict == "highly input-bound"
-    assert run(fast, 0.02).verdict == "not input-bound"
+    """Batches that take 80 ms to load against a 2 ms step are highly input-bound; 1 ms
+    against 20 ms (4 % of the time waiting) is not. An injected clock makes the verdict
+    exact on a loaded machine."""
+    clock = FakeClock()
+    slow = make_loader(dataset=SlowDataset(24, 0.02, clock), batch_size=4, num_workers=0,
+                       shuffle=False, log_every=0, clock=clock)
+    fast = make_loader(dataset=SlowDataset(24, 0.00025, clock), batch_size=4, num_workers=0,
+                       shuffle=False, log_every=0, clock=clock)
+    s = run(slow, 0.002, clock)
+    assert s.batches == 6 and s.p50_wait_s == pytest.approx(0.08)
+    assert s.verdict == "highly input-bound"
+    s = run(fast, 0.02, clock)
+    assert s.p50_wait_s == pytest.approx(0.001) and s.verdict == "not input-bound"
+
+
+def test_workers_come_from_the_cpu_count_and_pinning_from_cuda(monkeypatch, jpegs):
+    """README: workers from the CPU count (shared among this host's ranks, at most 8),
+    pin_memory when CUDA is there. The CPU set and CUDA are faked: neither is this
+    machine's to choose."""
+    root, _ = jpegs
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(6)))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    loader = make_loader(root, log_every=0)
+    assert (loader.num_workers, loader.pin_memory) == (6, False)
+    assert loader.persistent_workers and loader.prefetch_factor == 4
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")                 # 4 ranks share 6 CPUs
+    loader = make_loader(root, log_every=0)
+    assert (loader.num_workers, loader.pin_memory) == (1, True)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert make_loader(root, log_every=0).num_workers == 8     # capped
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0})
+    loader = make_loader(root, log_every=0, num_workers=0)
+    assert loader.persistent_workers is False and loader.prefetch_factor is None
 
 
 def test_training_loop_with_the_adapters(jpegs, monkeypatch):
@@ -106,21 +137,51 @@ def test_training_loop_with_the_adapters(jpegs, monkeypatch):
     assert [s.epoch for s in loader.summaries] == [0, 1, 2]
 
 
-def test_distributed_sampler_splits_the_data(jpegs, tmp_path):
-    root, made = jpegs
-    import torch.distributed as dist
+RANK_SCRIPT = """
+import json, sys, torch, torch.distributed as dist
+from hotcache.adapters import make_loader
+rank, rdzv, n = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
-    try:
-        loader = make_loader(root, batch_size=4, num_workers=0, image_size=(8, 8), log_every=0)
-        assert isinstance(loader.sampler, torch.utils.data.DistributedSampler)
-        orders = []
-        for _ in range(2):
-            orders.append([int(x) for _, y in loader for x in y])
-        assert sorted(orders[0]) == sorted(label for _, label in made)
-        assert loader.sampler.epoch == 1               # set_epoch called for each epoch
-    finally:
-        dist.destroy_process_group()
+class Indexed(torch.utils.data.Dataset):
+    def __len__(self):
+        return n
+    def __getitem__(self, i):
+        return i
+
+dist.init_process_group("gloo", init_method=f"file://{rdzv}", rank=rank, world_size=2)
+loader = make_loader(dataset=Indexed(), batch_size=4, num_workers=0, log_every=0, seed=7)
+assert isinstance(loader.sampler, torch.utils.data.DistributedSampler)
+orders = [[int(i) for batch in loader for i in batch] for _ in range(2)]
+print(json.dumps({"orders": orders, "epoch": loader.sampler.epoch}))
+dist.destroy_process_group()
+"""
+
+
+def test_distributed_sampler_splits_the_data(tmp_path):
+    """Two real ranks (gloo, two processes): each reads its own half, the halves cover the
+    data, and each epoch shuffles anew (set_epoch)."""
+    import json
+    import subprocess
+    import sys
+
+    n = 16
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(rank),
+                               str(tmp_path / "rdzv"), str(n)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    outs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    for epoch in (0, 1):
+        a, b = outs[0]["orders"][epoch], outs[1]["orders"][epoch]
+        assert len(a) == len(b) == n // 2
+        assert not set(a) & set(b) and sorted(a + b) == list(range(n)), (epoch, a, b)
+    for rank in (0, 1):
+        first, second = outs[rank]["orders"]
+        assert first != second                       # shuffled anew for epoch 1
+        assert outs[rank]["epoch"] == 1              # set_epoch called for each epoch
 
 
 def test_scaled_jpeg_decoding_gives_the_same_size_and_nearly_the_same_pixels(tmp_path):
