@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from hotcache.provision.engine import bootunit
-from hotcache.provision.backends import lvmcache
 
 
 def test_mount_unit_names_match_systemd_escape():
@@ -23,10 +22,3 @@ def test_unit_dir_is_redirectable(monkeypatch, tmp_path):
     assert bootunit.unit_dir() == tmp_path
     monkeypatch.delenv("HOTCACHE_UNIT_DIR")
     assert str(bootunit.unit_dir()) == "/etc/systemd/system"
-
-
-def test_lvm_commands_never_prompt_and_see_all_devices():
-    argv = lvmcache.lvm("lvconvert", "--yes", "--uncache", "vg/data")
-    assert argv[0] == "lvconvert" and "--yes" in argv
-    assert ("devices { use_devicesfile=0 }" in argv) != \
-        __import__("os").path.exists("/etc/lvm/devices/system.devices")
