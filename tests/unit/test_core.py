@@ -46,13 +46,28 @@ def test_missing_program_names_the_debian_package(monkeypatch):
     assert info.value.exit_code == 7 and "apt-get install xfsprogs" in str(info.value)
 
 
-def test_mapping_roundtrip_is_atomic_and_versioned(tmp_path):
+def test_mapping_roundtrip_is_atomic_and_versioned(tmp_path, monkeypatch):
+    """A new mapping is a new file renamed over the old one, after its data reached the
+    disk: a reader holding the old file keeps reading it whole, and an in-place rewrite
+    (same inode) fails here."""
     path = tmp_path / "etc" / "mappings.yaml"
     with mapping.editing(path) as data:
         data["caches"]["a"] = {"backend": "none"}
     saved = yaml.safe_load(path.read_text())
     assert saved["schema_version"] == mapping.SCHEMA_VERSION and saved["caches"]["a"]
     assert "tool_version" in saved and "updated" in saved
+    first_inode, first_text = path.stat().st_ino, path.read_text()
+    calls: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: calls.append("fsync") or real_fsync(fd))
+    monkeypatch.setattr(os, "replace", lambda a, b: calls.append("replace") or real_replace(a, b))
+    with open(path) as reader:
+        with mapping.editing(path) as data:
+            data["caches"]["b"] = {"backend": "none"}
+        assert reader.read() == first_text             # the old file, whole
+    assert path.stat().st_ino != first_inode
+    assert calls == ["fsync", "replace", "fsync"]       # file data, rename, the folder
+    assert set(yaml.safe_load(path.read_text())["caches"]) == {"a", "b"}
     assert [p.name for p in path.parent.iterdir() if p.name.endswith(".tmp")] == []
 
 
