@@ -49,21 +49,40 @@ def cache_folders(cache):
     return sorted(p.name for p in cache.iterdir())
 
 
+def samples(ds) -> list[tuple[tuple, int, int]]:
+    """(image shape, brightest value, label) of every sample, in a stable order."""
+    out = []
+    for images, labels in ds:
+        for img, label in zip(images.numpy(), labels.numpy().tolist()):
+            out.append((img.shape, int(img.max()), label))
+    return sorted(out)
+
+
 def test_cache_is_reused_and_keyed_by_version_and_settings(data, tmp_path):
     base, made = data
     cache = tmp_path / "cache"
     hot = write_hot_copy(base / "src", tmp_path / "hot-v1", version="1")
-    for _ in range(2):
-        ds = make_dataset(hot, batch_size=4, image_size=(8, 8), cache_dir=cache)
-        assert sum(len(y) for _, y in ds) == len(made)
+    first = samples(make_dataset(hot, batch_size=4, image_size=(8, 8), cache_dir=cache))
+    assert len(first) == len(made) and {s[0] for s in first} == {(8, 8, 3)}
     (key,) = cache_folders(cache)
     assert key.startswith("hot-v1-1-") and list((cache / key).glob("cache*.index"))
-    make_dataset(hot, batch_size=4, image_size=(6, 6), cache_dir=cache)   # pipeline changed
+    # Each variant gets its own cache and is computed afresh, not served from another's.
+    smaller = samples(make_dataset(hot, batch_size=4, image_size=(6, 6), cache_dir=cache))
+    assert {s[0] for s in smaller} == {(6, 6, 3)}                        # pipeline changed
+    halved = samples(make_dataset(hot, batch_size=4, image_size=(8, 8), cache_dir=cache,
+                                  map_fn=lambda x, y: (x // 2, y)))       # map changed
+    assert sorted((sh, v // 2, y) for sh, v, y in first) == halved
     hot2 = write_hot_copy(base / "src", tmp_path / "hot-v2", version="2")
-    make_dataset(hot2, batch_size=4, image_size=(8, 8), cache_dir=cache)  # data changed
-    make_dataset(hot, batch_size=4, image_size=(8, 8), cache_dir=cache,
-                 map_fn=lambda x, y: (x // 2, y))                         # map changed
+    assert samples(make_dataset(hot2, batch_size=4, image_size=(8, 8), cache_dir=cache)) == first
     assert len(cache_folders(cache)) == 4
+    # Reuse: with every image of v1 now unreadable (same sizes, same version), the same
+    # settings still deliver every sample: they come from the cache, not the files.
+    for path in hot.rglob("*.jpg"):
+        path.write_bytes(b"\0" * path.stat().st_size)
+    assert samples(make_dataset(hot, batch_size=4, image_size=(8, 8), cache_dir=cache)) == first
+    assert len(cache_folders(cache)) == 4
+    with pytest.raises(tf.errors.InvalidArgumentError):      # and the files really are bad
+        samples(make_dataset(hot, batch_size=4, image_size=(8, 8)))
 
 
 CRASH = textwrap.dedent("""
