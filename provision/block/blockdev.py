@@ -270,7 +270,10 @@ def loop_for_file(image: str) -> str | None:
     """The /dev/loopN whose backing file is `image`, from sysfs; None if not attached."""
     target = os.path.realpath(image)
     for entry in sorted(SYS_BLOCK.glob("loop*/loop/backing_file")):
-        backing = entry.read_text().strip()
+        try:
+            backing = entry.read_text().strip()
+        except FileNotFoundError:      # detached between the listing and the read
+            continue
         if backing == target:
             return f"/dev/{entry.parent.parent.name}"
     return None

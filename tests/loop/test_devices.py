@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import hotcache_json, loop_spec
+from tests.helpers import hotcache, hotcache_json, loop_spec
 
 pytestmark = pytest.mark.root
 
@@ -32,13 +33,68 @@ def test_devices_sees_a_loop_device_and_its_signature(sandbox):
     assert row["safe"] is True and row["signatures"] == []
 
 
+def kernel_facts() -> dict[str, bool]:
+    """What the running kernel offers, read from the kernel itself, independently of
+    hotcache's own probe: the device-mapper control device is a misc device, and bcache
+    registers /sys/fs/bcache."""
+    misc = Path("/proc/misc").read_text().split()
+    return {"device-mapper": "device-mapper" in misc, "bcache": Path("/sys/fs/bcache").is_dir()}
+
+
+NEEDS = {"none": None, "bcache": "bcache", "dm-cache": "device-mapper",
+         "lvmcache": "device-mapper"}
+
+
 def test_backends_view_says_what_this_kernel_can_run():
     rc, doc = hotcache_json("devices", "--backends")
+    assert rc == 0
     rows = {r["backend"]: r for r in doc["backends"]}
-    assert rows["none"]["available"] is True
-    assert set(rows) == {"none", "bcache", "dm-cache", "lvmcache"}
-    for row in rows.values():
-        assert row["available"] or row["why"]
+    assert set(rows) == set(NEEDS)
+    facts = kernel_facts()
+    for backend, feature in NEEDS.items():
+        has = feature is None or facts[feature]
+        assert rows[backend]["available"] is has, (backend, rows[backend], facts)
+        if not has:
+            assert feature in rows[backend]["why"], rows[backend]
+
+
+def two_loop_images(sandbox) -> tuple[str, str]:
+    devs = []
+    for name in ("hdd", "ssd"):
+        img = sandbox / f"{name}.img"
+        subprocess.run(["truncate", "-s", "400M", img], check=True)
+        devs.append(subprocess.run(["losetup", "--find", "--show", img], capture_output=True,
+                                   text=True, check=True).stdout.strip())
+    return devs[0], devs[1]
+
+
+@pytest.mark.parametrize("backend", ["dm-cache", "lvmcache", "bcache"])
+def test_a_kernel_without_the_feature_gets_exit_7_naming_it(sandbox, backend):
+    """README: a kernel without bcache or device-mapper gets an error naming what is
+    missing and the backends this host can use (exit 7), and nothing changes. Where this
+    kernel does have the feature, the same spec plans (the guest tier builds it)."""
+    hdd, ssd = two_loop_images(sandbox)
+    spec = sandbox / "spec.yaml"
+    spec.write_text(f"""version: 1
+caches:
+  - name: c1
+    backend: {backend}
+    origin: {hdd}
+    cache: {ssd}
+    filesystem: {{mountpoint: {sandbox}/mnt/c1}}
+""")
+    feature = NEEDS[backend]
+    for command in (["plan", spec], ["apply", spec, "--yes"]):
+        proc = hotcache(*command)
+        if kernel_facts()[feature]:
+            assert proc.returncode == 0 or command[0] == "apply", proc.stderr
+            continue
+        assert proc.returncode == 7, proc.stderr
+        assert f"backend {backend} cannot run here" in proc.stderr and feature in proc.stderr
+        assert "this host can use backend none" in proc.stderr
+        assert not (sandbox / "state").exists() and not (sandbox / "mnt" / "c1").exists()
+    for dev in (hdd, ssd):
+        assert subprocess.run(["blkid", "-p", dev], capture_output=True).returncode == 2
 
 
 def test_plan_json_shows_every_argv_and_changes_nothing(sandbox):

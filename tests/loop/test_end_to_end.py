@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from hotcache.adapters import data_root
+from hotcache.adapters.dataroot import DataRootError
 from tests.helpers import hotcache, hotcache_json, loop_spec
 
 pytestmark = pytest.mark.root
@@ -46,9 +47,9 @@ def test_cache_then_hot_copy_then_data_root(sandbox, monkeypatch, caplog):
 
     monkeypatch.setenv("DATA_ROOT", str(src))
     assert data_root().copy.is_hot is False
-    with pytest.raises(Exception) as info:
+    with pytest.raises(DataRootError) as info:
         data_root(expect="hot")
-    assert "DATA_ROOT" in str(info.value)
+    assert f"DATA_ROOT {src}" in str(info.value) and "hot copy was expected" in str(info.value)
 
     proc = hotcache("teardown", "hot", "--yes")
     assert proc.returncode == 0, proc.stderr
