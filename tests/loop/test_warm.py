@@ -51,11 +51,27 @@ def test_warm_fills_the_page_cache(sandbox):
     assert resident(files) >= total - len(files) * 4096
 
 
+class FakeTime:
+    """Stands in for the `time` module inside warm: monotonic() reads a clock that only
+    sleep() moves."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_block_cache_reads_reach_the_device_and_stop_when_promotion_stops(sandbox,
                                                                          monkeypatch):
-    """The backend's statistics cannot exist on this kernel, so they are scripted here;
-    the reads, the eviction before each read, the one-second spacing of a window's
-    re-reads, the pass loop and the origin's read counter (the loop device's) are real."""
+    """The backend's statistics cannot exist on this kernel, so they are scripted here
+    (the guest tier checks warm against real dm-cache and bcache counters); the reads,
+    the eviction before each read, the pass loop and the origin's read counter (the loop
+    device's) are real, and the one-second spacing of re-reads is read off an injected
+    clock."""
     mp = small_xfs(sandbox, "ssd")
     data = make_dataset(mp / "ds", classes=("a",), n=10, size=256 << 10)
     files = sorted(p for p in data.rglob("*") if p.is_file())
@@ -75,7 +91,18 @@ def test_block_cache_reads_reach_the_device_and_stop_when_promotion_stops(sandbo
         p = next(promotions)
         return {"promotions": p, "cache_used_bytes": p * 4096, "hit_ratio": p / 100}
 
+    # smq counts a block once per 1-s tick: re-reads must be a tick apart. The clock is
+    # injected (reads take no time on it, so every gap is warm's own sleep).
+    clock = FakeTime()
+    starts = []
+    real_pass = w.read_pass
+    monkeypatch.setattr(w, "time", clock)
+    monkeypatch.setattr(w, "read_pass", lambda *a: starts.append(clock.now) or real_pass(*a))
     report = warm(data, backend="dm-cache", stats=stats, max_passes=6, jobs=2)
+    assert len(starts) == 7                          # 5 reads of the window, 2 passes
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert all(g >= w.TICK - 1e-9 for g in gaps[:4]), gaps   # the window's re-reads
+    assert gaps[5] >= w.TICK - 1e-9, gaps            # one full pass to the next
     assert [(s["reads"], s["promoted"]) for s in report["sweep"]] == [(5, 80)]
     assert [p["stats"]["promotions"] for p in report["passes"]] == [90, 90]
     assert report["stopped"] == "promotions and cache use stopped rising"
@@ -86,7 +113,6 @@ def test_block_cache_reads_reach_the_device_and_stop_when_promotion_stops(sandbo
     assert len(seen) == 8
     assert all(b - a >= total // 512 for a, b in zip(seen, seen[1:]))
 
-    monkeypatch.setattr(w, "TICK", 0)
     promotions = itertools.count(0, 10)
     capped = warm(data, backend="lvmcache", stats=stats, max_passes=3)
     assert capped["sweep"][0]["reads"] == w.WINDOW_READS
