@@ -209,3 +209,26 @@ def test_help_lists_commands_and_every_reporting_command_takes_json():
         assert command in out
     for command in ("devices", "plan", "apply", "status", "teardown"):
         assert "--json" in hotcache(command, "--help").stdout, command
+
+
+def test_readme_test_commands_fail_on_skips_like_ci(tmp_path):
+    """Every pytest command README gives sets HOTCACHE_FAIL_ON_SKIP=1, as .ci/run does, and
+    with it a skipped test fails the run (a missing torch must not pass quietly)."""
+    import re
+    import subprocess
+
+    commands = re.findall(r"`([^`]*-m pytest[^`]*)`", (ROOT / "README.md").read_text())
+    assert commands
+    for command in commands:
+        assert command.startswith("HOTCACHE_FAIL_ON_SKIP=1 "), command
+    assert "HOTCACHE_FAIL_ON_SKIP=1" in (ROOT / ".ci" / "run").read_text()
+    (tmp_path / "test_skips.py").write_text(
+        "import pytest\n\ndef test_needs_something():\n    pytest.importorskip('no_such_module')\n")
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest",
+            "--rootdir", str(tmp_path), str(tmp_path / "test_skips.py")]
+    env = {k: v for k, v in os.environ.items() if k != "HOTCACHE_FAIL_ON_SKIP"}
+    quiet = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
+    strict = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
+                            env={**env, "HOTCACHE_FAIL_ON_SKIP": "1"})
+    assert quiet.returncode == 0, quiet.stdout
+    assert strict.returncode != 0 and "forbids skips" in strict.stdout, strict.stdout
