@@ -19,8 +19,9 @@ def test_sigkill_half_way_then_resume(tmp_path, monkeypatch):
     dest = tmp_path / "ds"
     staging = tmp_path / ".ds.hotcache-staging"
     journal = staging / ".hotcache-journal"
-    # --bwlimit makes the copy take ~4 s, so that it can be killed in the middle
-    proc = subprocess.Popen([*HOTCACHE, "copy", str(src), str(dest), "--bwlimit", "3M",
+    # --bwlimit makes the copy take ~13 s, so that it is killed in the middle (at its
+    # first journal entry, ~2 s in) even on a loaded machine
+    proc = subprocess.Popen([*HOTCACHE, "copy", str(src), str(dest), "--bwlimit", "1M",
                              "--jobs", "1"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
@@ -59,7 +60,9 @@ def test_a_second_copy_to_the_same_dest_is_refused_while_one_runs(tmp_path, monk
     monkeypatch.setenv("HOTCACHE_STATE", str(tmp_path / "mappings.yaml"))
     src = make_dataset(tmp_path / "src", classes=("a",), n=20, size=64 << 10)
     dest = tmp_path / "ds"
-    first = subprocess.Popen([*HOTCACHE, "copy", str(src), str(dest), "--bwlimit", "100K"],
+    # 1 KiB/s: the first copy is still running however long the second takes to start
+    # on a loaded machine (it is killed below, never waited for)
+    first = subprocess.Popen([*HOTCACHE, "copy", str(src), str(dest), "--bwlimit", "1K"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -67,6 +70,7 @@ def test_a_second_copy_to_the_same_dest_is_refused_while_one_runs(tmp_path, monk
             assert time.monotonic() < deadline and first.poll() is None
             time.sleep(0.02)
         second = hotcache("copy", src, dest)
+        assert first.poll() is None, "the first copy ended: nothing was tested"
         assert second.returncode == 3 and "another hotcache copy" in second.stderr
     finally:
         first.send_signal(signal.SIGKILL)
