@@ -123,7 +123,7 @@ def test_attaching_to_an_existing_lv_plans_with_yes(tmp_path, monkeypatch):
 
 
 def test_teardown_plans_every_lvm_command_with_yes(tmp_path, monkeypatch):
-    monkeypatch.setattr("hotcache.provision.engine.status.current_node", lambda e, r: "/dev/ssd")
+    monkeypatch.setattr("hotcache.provision.backends.recorded.current_node", lambda e, r: "/dev/ssd")
     built = {"hc_c1/data": {"lv_name": "data", "lv_attr": "Cwi-aoC---", "segtype": "cache"}}
     p = planner(tmp_path, FakeLvm(lvs=built, pvs={"/dev/ssd": "hc_c1"}))
     lvmcache.LvmCache().dismantle(p, {"spec": {"name": "c1"},
