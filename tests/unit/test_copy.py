@@ -313,17 +313,19 @@ def test_journal_and_publish_come_after_syncfs(env, monkeypatch):
     events: list[tuple] = []
     real_syncfs, real_append, real_publish = fsops.syncfs, staging.Staging.append, copier._publish
 
-    def syncfs(path):
-        events.append(("syncfs", (Path(path) / "SHA256SUMS").exists()))
-        real_syncfs(path)
+    staged = env / ".ds.hotcache-staging"
+
+    def syncfs(target):                   # a path or the staging folder's descriptor
+        events.append(("syncfs", (staged / "SHA256SUMS").exists()))
+        real_syncfs(target)
 
     def append(self, done):
         events.append(("journal", len(done)))
         real_append(self, done)
 
-    def publish(staged, dest):
+    def publish(*args, **kwargs):
         events.append(("publish", None))
-        real_publish(staged, dest)
+        real_publish(*args, **kwargs)
 
     monkeypatch.setattr(fsops, "syncfs", syncfs)
     monkeypatch.setattr(staging.Staging, "append", append)
