@@ -10,7 +10,7 @@ import pytest
 
 from hotcache.provision.backends import lvmcache
 from hotcache.provision.engine.apply import Device, Env, Planner
-from hotcache.provision.engine.plan import Plan
+from hotcache.provision.plan import Plan
 from hotcache.provision.engine.spec import CacheSpec
 from hotcache.provision.system.runner import Result, Runner
 
@@ -122,12 +122,12 @@ def test_attaching_to_an_existing_lv_plans_with_yes(tmp_path, monkeypatch):
     assert_never_prompts(steps)
 
 
-def test_teardown_plans_every_lvm_command_with_yes(tmp_path, monkeypatch):
-    monkeypatch.setattr("hotcache.provision.backends.recorded.current_node", lambda e, r: "/dev/ssd")
+def test_teardown_plans_every_lvm_command_with_yes(tmp_path):
     built = {"hc_c1/data": {"lv_name": "data", "lv_attr": "Cwi-aoC---", "segtype": "cache"}}
     p = planner(tmp_path, FakeLvm(lvs=built, pvs={"/dev/ssd": "hc_c1"}))
     lvmcache.LvmCache().dismantle(p, {"spec": {"name": "c1"},
-                                      "backend_state": {"vg": "hc_c1", "origin_lv": "data"}})
+                                      "backend_state": {"vg": "hc_c1", "origin_lv": "data"}},
+                                  {"cache": "/dev/ssd"})
     steps = argvs(p)
     assert [a[0] for a in steps] == ["lvchange", "lvchange", "lvconvert", "vgreduce", "pvremove"]
     assert_never_prompts(steps)

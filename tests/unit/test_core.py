@@ -187,7 +187,7 @@ def test_root_commands_say_they_need_root(tmp_path, monkeypatch, capsys, argv):
     """The check runs in this process as a non-root uid, wherever the checkout lies (a
     subprocess as `nobody` cannot start a venv under root's home), through main(), the
     console script's own entry point, so the exit code is the one a user sees."""
-    from hotcache.provision.cli import commands
+    from hotcache.provision import cli     # the console script's `hotcache.provision.cli:main`
 
     spec = tmp_path / "spec.yaml"
     spec.write_text("version: 1\ncaches: []\n")
@@ -196,7 +196,7 @@ def test_root_commands_say_they_need_root(tmp_path, monkeypatch, capsys, argv):
     monkeypatch.setattr(sys, "argv", ["hotcache", *[str(spec) if a == "SPEC" else a
                                                     for a in argv], "--state", str(state)])
     with pytest.raises(SystemExit) as info:
-        commands.main()
+        cli.main()
     err = capsys.readouterr().err
     assert info.value.code == NotRoot.exit_code == 6, err
     assert "must run as root" in err and f"sudo hotcache {argv[0]}" in err
