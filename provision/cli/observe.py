@@ -90,7 +90,7 @@ def register(app) -> None:
         units = None
         if not remove:
             # The hotcache next to this interpreter: the venv the role installed.
-            from hotcache.provision.engine.restore import hotcache_program
+            from hotcache.provision.engine.bootunit import hotcache_program
 
             env = {k: str(Path(v).absolute()) for k, v in
                    (("HOTCACHE_STATE", state), ("HOTCACHE_FSTAB", fstab)) if v}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from hotcache.provision.engine import restore
+from hotcache.provision.engine import bootunit
 from hotcache.provision.errors import RefusedError, UsageError
 from hotcache.provision.system import units
 
@@ -66,7 +66,7 @@ def test_metrics_timer_refuses_a_user_writable_venv(tmp_path, user):
 
 def test_restore_unit_refuses_a_user_writable_venv_and_takes_a_root_one(tmp_path, user):
     venv = user_venv(tmp_path / "home", user)
-    code = Path(restore.__file__).parents[1]
+    code = Path(bootunit.__file__).parents[1]
     with pytest.raises(RefusedError, match=f"owned by {user.pw_name}"):
         units.trusted_program(venv / "bin" / "hotcache", code)
     # the same venv given to root, but its folder left group-writable: still refused
@@ -80,12 +80,12 @@ def test_restore_unit_refuses_a_user_writable_venv_and_takes_a_root_one(tmp_path
 
 
 def test_unit_arguments_are_quoted_by_systemds_rules(tmp_path):
-    text = restore.unit_text("c1", "/mnt/hot", Path("/etc/my state/m.yaml"),
+    text = bootunit.unit_text("c1", "/mnt/hot", Path("/etc/my state/m.yaml"),
                              Path("/etc/50%$HOME/fstab"))
     (line,) = [ln for ln in text.splitlines() if ln.startswith("ExecStart=")]
     assert line.endswith(' restore c1 --yes --state "/etc/my state/m.yaml" '
                          '--fstab "/etc/50%%$$HOME/fstab"')
     assert units.quote('a"b\\c') == '"a\\"b\\\\c"'
     with pytest.raises(UsageError):
-        restore.unit_text("c1", "/mnt/hot", Path("/etc/evil\nExecStartPost=/bin/sh"),
+        bootunit.unit_text("c1", "/mnt/hot", Path("/etc/evil\nExecStartPost=/bin/sh"),
                           Path("/etc/fstab"))
