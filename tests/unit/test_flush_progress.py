@@ -180,3 +180,13 @@ def test_dmsetup_table_of_a_missing_device_reads_as_absent_in_either_wording():
         assert dmcache.live_table("hc-c1", Missing(stderr)) is None
     with pytest.raises(Exception, match=r"dmsetup table hc-c1. failed \(exit 1\)"):
         dmcache.live_table("hc-c1", Missing("Permission denied\nCommand failed.\n"))
+
+
+def test_lvmcache_does_not_need_the_cleaner_named_but_still_gets_a_usable_threshold():
+    """lvm2 may leave the table naming mq after --cachepolicy cleaner (seen in the guest
+    kernel); lvmcache's flush then still needs a threshold that lets writeback run."""
+    runner, said = Dm(0, policy="mq"), []
+    dmcache.ensure_writeback("hc-lv", runner, say=said.append, need_cleaner=False)
+    assert ["dmsetup", "message", "hc-lv", "0", "migration_threshold", "2048"] in runner.recorded
+    with pytest.raises(FlushIncomplete, match="runs policy mq"):
+        dmcache.ensure_writeback("hc-lv", Dm(2048, policy="mq"), say=lambda s: None)
