@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from enum import StrEnum
 
 from hotcache.provision import mapping
 from hotcache.provision.block import blockdev
@@ -13,6 +15,28 @@ from hotcache.provision.errors import HotcacheError
 from hotcache.provision.system.runner import Runner
 
 
+class Code(StrEnum):
+    """What `status` can find wrong with a cache. Doctor keys its advice on these codes
+    (observe/doctor.ADVICE), never on the wording of a message."""
+    DEVICE_UNREADABLE = "DEVICE_UNREADABLE"   # probing a recorded device failed
+    DEVICE_UNPROVEN = "DEVICE_UNPROVEN"       # something is there, but not provably the device
+    DEVICE_MISSING = "DEVICE_MISSING"         # the recorded device is nowhere (or its image is detached)
+    DEVICE_RENAMED = "DEVICE_RENAMED"         # found under a new name; its old name is another disk's
+    APPLY_UNFINISHED = "APPLY_UNFINISHED"     # the mapping's state is not `ready`
+    NOT_MOUNTED = "NOT_MOUNTED"
+    NO_NOATIME = "NO_NOATIME"
+    MOUNT_OPTIONS_MISSING = "MOUNT_OPTIONS_MISSING"
+    WRONG_FILESYSTEM = "WRONG_FILESYSTEM"     # the mountpoint holds another filesystem
+    NOT_IN_FSTAB = "NOT_IN_FSTAB"             # it will not be mounted at boot
+    STATS_UNREADABLE = "STATS_UNREADABLE"     # the backend's statistics could not be read
+
+
+@dataclass(frozen=True)
+class Problem:
+    code: Code
+    message: str
+
+
 def current_node(entry: dict, role: str = "origin", runner: Runner | None = None) -> str | None:
     """The recorded device's node now, found by identity (kernel names move)."""
     return recorded.current_node(entry, role, runner)
@@ -21,23 +45,29 @@ def current_node(entry: dict, role: str = "origin", runner: Runner | None = None
 def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
     fs = entry.get("filesystem", {})
     mp = fs.get("mountpoint")
-    problems: list[str] = []
+    problems: list[Problem] = []
+
+    def found_problem(code: Code, message: str) -> None:
+        problems.append(Problem(code, message))
+
     devices = {}
     for role in entry.get("devices", {}):
         try:
-            found = recorded.locate(entry, role, runner, cache=name)
+            found, why = recorded.locate(entry, role, runner, cache=name), Code.DEVICE_UNPROVEN
         except HotcacheError as exc:
             found = recorded.Found(role, problem=f"{role} device: {exc.message}")
+            why = Code.DEVICE_UNREADABLE
         devices[role] = {"node": found.node, "present": found.node is not None}
         if found.problem:
-            problems.append(found.problem)
+            found_problem(why, found.problem)
         elif found.node is None:
-            problems.append(f"{role} device is missing ({_describe(entry, role)})")
+            found_problem(Code.DEVICE_MISSING,
+                          f"{role} device is missing ({_describe(entry, role)})")
         if found.moved:
-            problems.append(found.moved)
+            found_problem(Code.DEVICE_RENAMED, found.moved)
     if entry.get("state") != "ready":
-        problems.append(f"state is {entry.get('state')!r}: an apply did not finish; run "
-                        "`hotcache apply` again")
+        found_problem(Code.APPLY_UNFINISHED, f"state is {entry.get('state')!r}: an apply did "
+                      "not finish; run `hotcache apply` again")
     cached = entry.get("cached_device")
     if entry.get("backend") == "none":
         cached = devices.get("origin", {}).get("node")
@@ -50,22 +80,24 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
         "persistent": None,
     }
     if mount is None:
-        problems.append(f"not mounted at {mp}")
+        found_problem(Code.NOT_MOUNTED, f"not mounted at {mp}")
     else:
         result["mounted"] = True
         result["options"] = list(mount.options)
         result["noatime"] = "noatime" in mount.options
         if not result["noatime"]:
-            problems.append(f"{mp} is mounted without noatime (every read writes); run "
-                            "`hotcache apply` to remount it")
+            found_problem(Code.NO_NOATIME, f"{mp} is mounted without noatime (every read "
+                          "writes); run `hotcache apply` to remount it")
         missing = [o for o in fs.get("options", []) if o not in mount.options and o != "noatime"]
         if missing:
-            problems.append(f"{mp} is mounted without {','.join(missing)}")
+            found_problem(Code.MOUNT_OPTIONS_MISSING,
+                          f"{mp} is mounted without {','.join(missing)}")
         if os.path.exists(mount.source):
             got = blockdev.fs_identity(mount.source, runner).get("UUID")
             result["fs_uuid_matches"] = got == fs.get("uuid")
             if not result["fs_uuid_matches"]:
-                problems.append(f"{mp} holds filesystem {got}, not the recorded {fs.get('uuid')}")
+                found_problem(Code.WRONG_FILESYSTEM,
+                              f"{mp} holds filesystem {got}, not the recorded {fs.get('uuid')}")
         st = os.statvfs(mp)
         result["size_bytes"] = st.f_blocks * st.f_frsize
         result["free_bytes"] = st.f_bavail * st.f_frsize
@@ -76,16 +108,19 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
                                 fs.get("uuid"), [fs.get("mountpoint")])
         result["persistent"] = line is not None
         if not result["persistent"]:
-            problems.append(f"no fstab entry for it in {fstab_file or fstab_file_recorded}; "
-                            "it will not be mounted at boot")
+            found_problem(Code.NOT_IN_FSTAB, f"no fstab entry for it in "
+                          f"{fstab_file or fstab_file_recorded}; it will not be mounted at boot")
     if entry.get("backend") != "none" and not problems:
         try:
             nodes = {role: d["node"] for role, d in devices.items()}
             result["cache"] = get_backend(entry["backend"]).stats(entry, runner, nodes)
         except (HotcacheError, OSError, ValueError, KeyError) as exc:
-            problems.append(f"cannot read cache statistics: {exc}")
+            found_problem(Code.STATS_UNREADABLE, f"cannot read cache statistics: {exc}")
     result["working_set"] = working_set(result, entry)
-    result["problems"] = problems
+    # `problems` (the messages) is what status has always printed; `findings` adds the
+    # code of each, for doctor and for scripts reading --json.
+    result["problems"] = [p.message for p in problems]
+    result["findings"] = [{"code": p.code.value, "message": p.message} for p in problems]
     result["ok"] = not problems
     return result
 

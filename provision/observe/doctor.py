@@ -2,8 +2,9 @@
 
 Each check reads (never changes) the host and returns findings. A finding is a
 `problem` (the exit status turns non-zero), a `warning` (worth knowing, nothing is
-broken yet) or `ok`; problems and warnings always carry the fix, as a command where
-there is one.
+broken yet) or `ok`; problems and warnings always carry a code and the fix, as a command
+where there is one. The fix comes from one table keyed by code (ADVICE), never from the
+wording of a message: `status` can reword what it says without changing doctor's advice.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from hotcache.provision import mapping
 from hotcache.provision.system import fstab
+from hotcache.provision.engine.status import Code as Drift
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.system.runner import PACKAGES, Runner, which
 
@@ -39,6 +42,77 @@ RESTORE_COMMAND = re.compile(r"hotcache\S*\s+restore\b(?:\s+(?P<cache>[^-\s]\S*)
 UDEV_RULE_DIRS = ("/etc/udev/rules.d", "/lib/udev/rules.d", "/usr/lib/udev/rules.d")
 
 
+class Code(StrEnum):
+    """What doctor's own checks find (drift is `status`'s codes, engine/status.Code)."""
+    MAPPING_UNREADABLE = "MAPPING_UNREADABLE"
+    NOT_ROOT = "NOT_ROOT"
+    KERNEL_FEATURE_MISSING = "KERNEL_FEATURE_MISSING"    # a cache uses it
+    KERNEL_FEATURE_UNUSED = "KERNEL_FEATURE_UNUSED"      # absent, and no cache needs it (ok)
+    PROGRAMS_MISSING = "PROGRAMS_MISSING"                # a backend in use lacks programs
+    PROGRAMS_UNUSED = "PROGRAMS_UNUSED"                  # absent, for a backend not in use (ok)
+    NO_NOFAIL = "NO_NOFAIL"
+    RESTORE_NOT_ENABLED = "RESTORE_NOT_ENABLED"
+    RESTORE_MISSING = "RESTORE_MISSING"
+    LOW_FREE_SPACE = "LOW_FREE_SPACE"
+    HOT_COPY_MISSING = "HOT_COPY_MISSING"
+    HOT_COPY_FAILED_VERIFICATION = "HOT_COPY_FAILED_VERIFICATION"
+    HOT_COPY_VERIFY_OLD = "HOT_COPY_VERIFY_OLD"
+    CACHE_TOO_SMALL = "CACHE_TOO_SMALL"                  # block cache smaller than its data
+    NO_ROOM_TO_REFRESH = "NO_ROOM_TO_REFRESH"            # plain SSD: copies cannot be refreshed
+    THRASHING = "THRASHING"
+
+
+# The fix for each code: a template filled with the facts of the finding.
+APPLY_AGAIN = "`hotcache apply SPEC` (the same spec) puts it back as specified"
+ADVICE: dict[str, str] = {
+    Drift.DEVICE_MISSING: "reconnect the device (for a loop image: `losetup --find --show "
+                          "IMAGE`), then `hotcache apply SPEC`; if it is gone for good, "
+                          "`hotcache teardown {name}`",
+    Drift.DEVICE_UNPROVEN: "put the recorded disk back (or let udev settle); `hotcache status "
+                           "{name}` names each device it finds; hotcache touches none it "
+                           "cannot prove",
+    Drift.DEVICE_UNREADABLE: "`hotcache status {name}` shows the details; run doctor as root "
+                             "so every device can be probed",
+    Drift.DEVICE_RENAMED: "`hotcache status {name}` shows the details; `hotcache apply SPEC` "
+                          "records the device under its new name",
+    Drift.APPLY_UNFINISHED: APPLY_AGAIN,
+    Drift.NOT_MOUNTED: APPLY_AGAIN,
+    Drift.NO_NOATIME: APPLY_AGAIN,
+    Drift.MOUNT_OPTIONS_MISSING: APPLY_AGAIN,
+    Drift.NOT_IN_FSTAB: APPLY_AGAIN,
+    Drift.WRONG_FILESYSTEM: "another filesystem is mounted there: unmount it (`umount "
+                            "MOUNTPOINT`), then `hotcache apply SPEC`",
+    Drift.STATS_UNREADABLE: "`hotcache status {name}` shows the details; `hotcache apply "
+                            "SPEC` repairs drift",
+    Code.MAPPING_UNREADABLE: "{hint}",
+    Code.NOT_ROOT: "sudo hotcache doctor",
+    Code.KERNEL_FEATURE_MISSING: "{kernel_fix}",
+    Code.KERNEL_FEATURE_UNUSED: "{kernel_fix}",
+    Code.PROGRAMS_MISSING: "apt-get install {packages}",
+    Code.PROGRAMS_UNUSED: "apt-get install {packages}",
+    Code.NO_NOFAIL: "add nofail,x-systemd.device-timeout=30s to the options on line {line} of "
+                    "{path}{own}",
+    Code.RESTORE_NOT_ENABLED: "systemctl enable {unit}, or `hotcache apply SPEC` again",
+    Code.RESTORE_MISSING: "run `hotcache apply SPEC` again: it installs and enables {unit}, "
+                          "which runs `hotcache restore` before the mount",
+    Code.LOW_FREE_SPACE: "remove hot copies no longer used (`hotcache copies` lists them; "
+                         "delete the folder), or move the cache to a bigger SSD",
+    Code.HOT_COPY_MISSING: "copy it again with `hotcache copy SRC {path}`",
+    Code.HOT_COPY_FAILED_VERIFICATION: "`hotcache verify {path} --full` names the files; "
+                                       "re-run `hotcache copy` to repair it",
+    Code.HOT_COPY_VERIFY_OLD: "`hotcache verify {path}`",
+    Code.CACHE_TOO_SMALL: "pin a subset: `hotcache copy SRC DEST --fit` on an SSD filesystem, "
+                          "and read the rest from the origin (DATA_COLD_ROOT)",
+    Code.NO_ROOM_TO_REFRESH: "make room (`hotcache prune`), or copy with `--fit`",
+    Code.THRASHING: "`hotcache status --interval 60` shows promotions against demotions; "
+                    "pin a subset with `hotcache copy --fit`",
+}
+
+
+def advice(code: str, **facts) -> str:
+    return ADVICE[code].format(**facts)
+
+
 @dataclass
 class Finding:
     check: str
@@ -46,6 +120,13 @@ class Finding:
     subject: str
     message: str
     fix: str | None = None
+    code: str | None = None     # a Code (or a status Code for drift); None for ok findings
+
+    @classmethod
+    def coded(cls, check: str, severity: str, subject: str, message: str, code: str,
+              **facts) -> Finding:
+        """A finding whose fix is ADVICE[code], filled with `facts`."""
+        return cls(check, severity, subject, message, advice(code, **facts), str(code))
 
 
 @dataclass
@@ -63,8 +144,9 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
     try:
         caches = mapping.load(opts.state)["caches"]
     except HotcacheError as exc:
-        return [Finding("mapping", PROBLEM, str(opts.state), exc.message,
-                        exc.hint or f"fix or move away {opts.state}")]
+        return [Finding.coded("mapping", PROBLEM, str(opts.state), exc.message,
+                              Code.MAPPING_UNREADABLE,
+                              hint=exc.hint or f"fix or move away {opts.state}")]
     from hotcache.provision.engine.status import cache_status
 
     rows = {name: cache_status(name, entry, runner, opts.fstab) for name, entry in caches.items()}
@@ -78,10 +160,10 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
         *check_working_set(rows),
     ]
     if os.geteuid() != 0:
-        findings.insert(0, Finding("root", WARNING, "doctor",
-                                   "not run as root: on-disk signatures and filesystem UUIDs "
-                                   "could not all be read, so drift findings may be wrong",
-                                   "sudo hotcache doctor"))
+        findings.insert(0, Finding.coded("root", WARNING, "doctor",
+                                         "not run as root: on-disk signatures and filesystem "
+                                         "UUIDs could not all be read, so drift findings may "
+                                         "be wrong", Code.NOT_ROOT))
     return findings
 
 
@@ -101,16 +183,18 @@ def check_kernel(caches: dict) -> list[Finding]:
             out.append(Finding("kernel", OK, feature, f"the kernel has {feature} "
                                f"({', '.join(backends)} can run)"))
         elif users:
-            out.append(Finding("kernel", PROBLEM, feature,
-                               f"the kernel has no {feature}, but {', '.join(users)} "
-                               f"use{'s' if len(users) == 1 else ''} it: the cache cannot "
-                               "come up", KERNEL_FIX[feature]))
+            out.append(Finding.coded("kernel", PROBLEM, feature,
+                                     f"the kernel has no {feature}, but {', '.join(users)} "
+                                     f"use{'s' if len(users) == 1 else ''} it: the cache "
+                                     "cannot come up", Code.KERNEL_FEATURE_MISSING,
+                                     kernel_fix=KERNEL_FIX[feature]))
         elif used & set(backends):
             continue
         else:
-            out.append(Finding("kernel", OK, feature, f"no {feature} in this kernel: "
-                               f"{', '.join(backends)} unavailable (no cache uses it)",
-                               KERNEL_FIX[feature]))
+            out.append(Finding.coded("kernel", OK, feature, f"no {feature} in this kernel: "
+                                     f"{', '.join(backends)} unavailable (no cache uses it)",
+                                     Code.KERNEL_FEATURE_UNUSED,
+                                     kernel_fix=KERNEL_FIX[feature]))
     return out
 
 
@@ -125,15 +209,16 @@ def check_programs(caches: dict) -> list[Finding]:
         if not missing:
             out.append(Finding("programs", OK, name, f"programs for backend {name} are installed"))
             continue
-        packages = sorted({PACKAGES.get(p, p) for p in missing})
-        fix = f"apt-get install {' '.join(packages)}"
+        packages = " ".join(sorted({PACKAGES.get(p, p) for p in missing}))
         if name in used:
-            out.append(Finding("programs", PROBLEM, name,
-                               f"backend {name} is in use but {', '.join(missing)} "
-                               f"{'is' if len(missing) == 1 else 'are'} not installed", fix))
+            out.append(Finding.coded("programs", PROBLEM, name,
+                                     f"backend {name} is in use but {', '.join(missing)} "
+                                     f"{'is' if len(missing) == 1 else 'are'} not installed",
+                                     Code.PROGRAMS_MISSING, packages=packages))
         else:
+            fix = advice(Code.PROGRAMS_UNUSED, packages=packages)
             out.append(Finding("programs", OK, name, f"backend {name} is not in use; it would "
-                               f"need {', '.join(missing)} ({fix})"))
+                               f"need {', '.join(missing)} ({fix})", fix, Code.PROGRAMS_UNUSED))
     return out
 
 
@@ -170,14 +255,14 @@ def check_nofail(caches: dict, opts: Options) -> list[Finding]:
             if "nofail" in options:
                 out.append(Finding("nofail", OK, f"{path}:{n}", f"{mp} ({owner}) mounts with nofail"))
                 continue
-            out.append(Finding(
+            own = fstab.read_entry(path, owner, caches[owner].get("filesystem", {}).get("uuid"),
+                                   [mp]) is not None
+            out.append(Finding.coded(
                 "nofail", PROBLEM, f"{path}:{n}",
                 f"{path} line {n} mounts {device} on {mp} (cache {owner}) without nofail: "
                 "if the device is late or gone at boot, the host stops in emergency mode",
-                f"add nofail,x-systemd.device-timeout=30s to the options on line {n} of "
-                f"{path}" + (" (or run `hotcache apply SPEC`, which rewrites its own entry)"
-                             if fstab.read_entry(path, owner, caches[owner].get(
-                                 "filesystem", {}).get("uuid"), [mp]) is not None else "")))
+                Code.NO_NOFAIL, line=n, path=path,
+                own=" (or run `hotcache apply SPEC`, which rewrites its own entry)" if own else ""))
     return out
 
 
@@ -215,35 +300,21 @@ def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
         wants = unit_dir / "local-fs.target.wants" / unit.name
         why = RESTORE_NEEDED[backend].format(what=", ".join(f"{k}={v}" for k, v in
                                                             sorted(tunables.items())))
-        fix = (f"run `hotcache apply SPEC` again: it installs and enables {unit.name}, which "
-               "runs `hotcache restore` before the mount")
         if unit.is_file() and wants.is_symlink():
             out.append(Finding("boot-restore", OK, name, f"{unit} restores {name} at boot"))
         elif unit.is_file():
-            out.append(Finding("boot-restore", PROBLEM, name,
-                               f"{name} ({backend}): {why}, and {unit} is installed but not "
-                               "enabled", f"systemctl enable {unit.name}, or `hotcache apply SPEC` again"))
+            out.append(Finding.coded("boot-restore", PROBLEM, name,
+                                     f"{name} ({backend}): {why}, and {unit} is installed but "
+                                     "not enabled", Code.RESTORE_NOT_ENABLED, unit=unit.name))
         elif others := restore_installed(unit_dir, name):
             out.append(Finding("boot-restore", OK, name,
                                f"{', '.join(others)} runs `hotcache restore` at boot"))
         else:
-            out.append(Finding("boot-restore", PROBLEM, name,
-                               f"{name} ({backend}): {why}, and nothing in {unit_dir} or the "
-                               "udev rules runs `hotcache restore` at boot", fix))
+            out.append(Finding.coded("boot-restore", PROBLEM, name,
+                                     f"{name} ({backend}): {why}, and nothing in {unit_dir} or "
+                                     "the udev rules runs `hotcache restore` at boot",
+                                     Code.RESTORE_MISSING, unit=unit.name))
     return out
-
-
-def _drift_fix(name: str, problem: str) -> str:
-    if "device is missing" in problem:
-        return (f"reconnect the device (for a loop image: `losetup --find --show IMAGE`), "
-                f"then `hotcache apply SPEC`; if it is gone for good, `hotcache teardown {name}`")
-    if "apply did not finish" in problem or "without" in problem or "not mounted" in problem \
-            or "fstab" in problem:
-        return "`hotcache apply SPEC` (the same spec) puts it back as specified"
-    if "holds filesystem" in problem:
-        return ("another filesystem is mounted there: unmount it (`umount MOUNTPOINT`), then "
-                "`hotcache apply SPEC`")
-    return f"`hotcache status {name}` shows the details; `hotcache apply SPEC` repairs drift"
 
 
 def check_drift(rows: dict[str, dict]) -> list[Finding]:
@@ -251,9 +322,9 @@ def check_drift(rows: dict[str, dict]) -> list[Finding]:
     for name, row in sorted(rows.items()):
         if row["ok"]:
             out.append(Finding("drift", OK, name, f"{name} matches the mapping"))
-        for problem in row["problems"]:
-            out.append(Finding("drift", PROBLEM, name, f"{name}: {problem}",
-                               _drift_fix(name, problem)))
+        for problem in row["findings"]:
+            out.append(Finding.coded("drift", PROBLEM, name, f"{name}: {problem['message']}",
+                                     problem["code"], name=name))
     return out
 
 
@@ -271,35 +342,32 @@ def check_space_and_copies(caches: dict, rows: dict[str, dict], opts: Options) -
         share = 100.0 * free / size
         if share < opts.min_free_percent:
             held = sum(c["bytes"] or 0 for c in copies)
-            out.append(Finding(
+            out.append(Finding.coded(
                 "free-space", PROBLEM, name,
                 f"{row['mountpoint']} ({name}) has {free / 2**20:.0f} MiB free of "
                 f"{size / 2**20:.0f} MiB ({share:.1f} %, below {opts.min_free_percent:g} %); "
                 f"{len(copies)} hot copies hold {held / 2**20:.0f} MiB: new copies and "
-                "re-copies will not fit",
-                "remove hot copies no longer used (`hotcache copies` lists them; delete the "
-                "folder), or move the cache to a bigger SSD"))
+                "re-copies will not fit", Code.LOW_FREE_SPACE))
         else:
             out.append(Finding("free-space", OK, name, f"{row['mountpoint']}: {share:.0f} % free"))
         for c in copies:
             where = f"hot copy {c['name']} at {c['path']}"
             if not c["present"]:
-                out.append(Finding("hot-copy", PROBLEM, c["path"],
-                                   f"{where} is recorded but missing or incomplete",
-                                   f"copy it again with `hotcache copy SRC {c['path']}`"))
+                out.append(Finding.coded("hot-copy", PROBLEM, c["path"],
+                                         f"{where} is recorded but missing or incomplete",
+                                         Code.HOT_COPY_MISSING, path=c["path"]))
             elif c["verify_ok"] is False:
-                out.append(Finding("hot-copy", PROBLEM, c["path"],
-                                   f"{where} failed its last verification: some files differ "
-                                   "from the manifest",
-                                   f"`hotcache verify {c['path']} --full` names the files; "
-                                   f"re-run `hotcache copy` to repair it"))
+                out.append(Finding.coded("hot-copy", PROBLEM, c["path"],
+                                         f"{where} failed its last verification: some files "
+                                         "differ from the manifest",
+                                         Code.HOT_COPY_FAILED_VERIFICATION, path=c["path"]))
             elif c["verified_at"] is None or now - c["verified_at"] > max_age:
                 age = "never" if c["verified_at"] is None else \
                     f"{(now - c['verified_at']) / 86400:.0f} days ago"
-                out.append(Finding("hot-copy", WARNING, c["path"],
-                                   f"{where} was last verified {age} (limit "
-                                   f"{opts.max_verify_age_days:g} days)",
-                                   f"`hotcache verify {c['path']}`"))
+                out.append(Finding.coded("hot-copy", WARNING, c["path"],
+                                         f"{where} was last verified {age} (limit "
+                                         f"{opts.max_verify_age_days:g} days)",
+                                         Code.HOT_COPY_VERIFY_OLD, path=c["path"]))
             else:
                 out.append(Finding("hot-copy", OK, c["path"], f"{where} verified"))
     return out
@@ -315,16 +383,16 @@ def check_working_set(rows: dict[str, dict]) -> list[Finding]:
         ws = row.get("working_set") or {}
         sizing, activity = ws.get("sizing"), ws.get("activity")
         if sizing is not None:
-            severity = OK if sizing["case"] == FITS else WARNING
-            fix = None if severity == OK else (
-                "pin a subset: `hotcache copy SRC DEST --fit` on an SSD filesystem, and read "
-                "the rest from the origin (DATA_COLD_ROOT)" if row.get("backend") != "none"
-                else "make room (`hotcache prune`), or copy with `--fit`")
-            out.append(Finding("sizing", severity, name, f"{name}: {sizing['message']}", fix))
+            message = f"{name}: {sizing['message']}"
+            if sizing["case"] == FITS:
+                out.append(Finding("sizing", OK, name, message))
+            else:
+                out.append(Finding.coded("sizing", WARNING, name, message,
+                                         Code.CACHE_TOO_SMALL if row.get("backend") != "none"
+                                         else Code.NO_ROOM_TO_REFRESH))
         if activity is not None and activity.get("verdict") == "thrashing":
-            out.append(Finding("thrashing", WARNING, name, f"{name}: {activity['message']}",
-                               "`hotcache status --interval 60` shows promotions against "
-                               "demotions; pin a subset with `hotcache copy --fit`"))
+            out.append(Finding.coded("thrashing", WARNING, name, f"{name}: {activity['message']}",
+                                     Code.THRASHING))
     return out
 
 

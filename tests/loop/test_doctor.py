@@ -156,6 +156,10 @@ def test_planted_problems_are_found_with_their_fixes(host):
     assert any("cache device is missing" in m for m in drift)
     assert any("not mounted" in m for m in drift)
     assert all("hotcache" in f["fix"] for f in by_check["drift"])
+    # Each problem carries its code (doctor's advice is keyed on it, not on the wording).
+    assert {"NO_NOFAIL", "LOW_FREE_SPACE", "HOT_COPY_FAILED_VERIFICATION", "RESTORE_MISSING",
+            "DEVICE_MISSING", "NOT_MOUNTED"} <= {f["code"] for f in found}
+    assert old["code"] == "HOT_COPY_VERIFY_OLD" and bad_copy["code"] == "HOT_COPY_FAILED_VERIFICATION"
 
     kernel = by_check.get("kernel", [])
     if Path("/sys/fs/bcache").is_dir():
