@@ -110,3 +110,20 @@ def test_decode_threads_default_uses_the_cpus_left_per_worker(monkeypatch):
     assert pt.default_decode_threads(0) == 32
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert pt.default_decode_threads(pt.default_workers()) == 1
+
+
+@pytest.mark.parametrize("cpus, workers, threads", [(2, 1, 2), (8, 2, 4), (32, 8, 4), (64, 8, 8)])
+def test_batched_decoding_takes_fewer_processes_and_more_threads(tmp_path, monkeypatch,
+                                                                 cpus, workers, threads):
+    """Whole batches decode in threads, so the default spends the CPUs on threads (one
+    process per four CPUs) and the first batch of an epoch comes from every CPU; a
+    transform (Python per sample) keeps one process per CPU."""
+    root = tmp_path / "toy"
+    make_jpegs(root, per_class=1)
+    monkeypatch.setattr(pt.os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    loader = make_loader(root, image_size=(8, 8), log_every=0)
+    assert (loader.num_workers, loader.dataset.threads) == (workers, threads)
+    per_sample = make_loader(root, image_size=(8, 8), transform=lambda img: img, log_every=0)
+    assert per_sample.num_workers == min(8, cpus)
+    assert make_loader(root, image_size=(8, 8), decode_threads=3, log_every=0).dataset.threads == 3
