@@ -13,12 +13,20 @@ the dataset (the block caches start empty: bcache mode `none` and dm-cache
 `passthrough` while it is written, then writethrough). Every epoch reads every file
 once, in an order drawn from seed+epoch, the page cache dropped before it.
 
+All configurations are built first; then the epochs run in rounds: round e reads epoch e
+of (a), the bare SSD (the hot copy's files alone, from the SSD's XFS), (b), (c) and (d)
+back to back. Under emulation the guest's speed follows the host's load, which drifts
+over the ~15 minutes of a run, so a baseline measured at the other end of the run is no
+baseline (a first run, one configuration after another, had the bare SSD, read last,
+slower than the throttled origin, read first). (d)'s ideal for epoch e uses the bare
+SSD and the bare origin of round e.
+
 Per epoch: samples/s, the share served by the SSD (d: the files the hot copy holds;
 b/c: from the devices' counters, the share of bytes not read from the origin), and the
 bytes read from the origin and written to the SSD (/sys/class/block/*/stat).
 Goal: from epoch 2 on, (d)'s time is within 1.1x of its ideal: hot share x the bare
 SSD's time + cold share x the bare origin's time per file (the bare SSD measured by
-reading the hot copy's files alone, the bare origin by (a), both in this boot); (d) is
+reading the hot copy's files alone, the bare origin by (a), both in the same round); (d) is
 faster than (b) and (c) and writes nothing to the SSD after the copy.
 
 Run as root on the host, under the guest lock:
@@ -30,7 +38,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -134,19 +141,10 @@ def guest(args) -> int:
         f"the SSD's XFS (a filler takes the rest); bcache and dm-cache SSD partitions "
         f"{args.usable_mib} MiB; origin throttled ({vm.THROTTLE})")
     origin_d, ssd_d = vm.block_name(part("hdd", 3)), vm.block_name(part("ssd", 3))
-    results: dict[str, list[dict]] = {}
 
-    def run(label: str, read, origin: str, ssd: str | None) -> None:
-        results[label] = []
-        for e in range(EPOCHS):
-            r = epoch(rels, args.seed + e, read, origin, ssd)
-            results[label].append(r)
-            log(f"  {label} epoch {e + 1}: {r['samples_per_s']} samples/s ({r['seconds']} s), "
-                f"origin read {r['origin_read_bytes'] / 2**20:.0f} MiB, SSD written "
-                f"{r['ssd_written_bytes'] / 2**20:.0f} MiB, hot files {r['hot_files']}")
-
-    run("(a) bare origin", plain_reader(cold_mp / "ds"), origin_d, None)
-
+    # Build every configuration first; the epochs run afterwards, round by round.
+    readers: dict[str, tuple] = {"(a) bare origin": (plain_reader(cold_mp / "ds"), origin_d,
+                                                     None)}
     for label, backend, n, cold_mode in (("(b) bcache", "bcache", 1, "none"),
                                          ("(c) dm-cache", "dm-cache", 2, "passthrough")):
         spec = lambda mode: vm.spec(backend, mode, root, persist)  # noqa: E731
@@ -157,8 +155,8 @@ def guest(args) -> int:
         write_dataset(data, 2 * usable, size)
         vm.hotcache("apply", spec("writethrough"), "--yes")
         log(f"{label}: dataset written in {time.monotonic() - t0:.0f} s, cache now writethrough")
-        run(label, plain_reader(data), vm.block_name(part("hdd", n)),
-            vm.block_name(part("ssd", n)))
+        readers[label] = (plain_reader(data), vm.block_name(part("hdd", n)),
+                          vm.block_name(part("ssd", n)))
 
     # (d): the --fit subset, verified, then tiered reads.
     from hotcache.adapters.tiered import Tiers
@@ -172,33 +170,43 @@ def guest(args) -> int:
         f"({meta['fraction']:.0%} of the files), {meta['bytes'] / 2**20:.0f} MiB in "
         f"{time.monotonic() - t0:.0f} s; class share {meta['selection']['class_fraction']}")
     tiers = Tiers.of(hot_mp / "ds", cold_mp / "ds", str(hot_mp / "ds"), True)
-
-    def tiered(rel: str) -> int:
-        return int(tiers.read(rel)[1])
-    run("(d) --fit + tiered", tiered, origin_d, ssd_d)
-
-    # The bare SSD per file: the hot copy's files alone, same order rule, twice.
     hot_rels = sorted(tiers.members)
-    bare_ssd = []
-    for e in range(2):
-        order = list(hot_rels)
-        random.Random(args.seed + 100 + e).shuffle(order)
-        vm.drop_caches()
-        t0 = time.monotonic()
-        for rel in order:
-            plain_reader(hot_mp / "ds")(rel)
-        bare_ssd.append(len(order) / (time.monotonic() - t0))
-    log(f"bare SSD (the hot copy's files alone): {', '.join(f'{r:.0f}' for r in bare_ssd)} "
-        f"files/s")
+    readers["(d) --fit + tiered"] = (lambda rel: int(tiers.read(rel)[1]), origin_d, ssd_d)
 
-    ssd_rate = statistics.median(bare_ssd)
-    origin_rate = statistics.median(r["samples_per_s"] for r in results["(a) bare origin"])
-    n_hot = len(hot_rels)
-    ideal = n_hot / ssd_rate + (len(rels) - n_hot) / origin_rate
+    # Epoch e of every configuration runs back to back in round e, next to its own
+    # baselines: the bare SSD (the hot copy's files alone, read from the SSD's XFS) and
+    # the bare origin ((a)). Under emulation the guest's speed follows the host's load,
+    # which drifts over a run; configurations measured minutes apart are not comparable
+    # (a first run, measured configuration after configuration, had the bare SSD read at
+    # the end slower than the throttled origin read at the start).
+    results: dict[str, list[dict]] = {label: [] for label in readers}
+    bare_ssd: list[float] = []
+    ssd_reader = plain_reader(hot_mp / "ds")
+    for e in range(EPOCHS):
+        log(f"round {e + 1} (epoch {e + 1} of every configuration, order seed {args.seed + e})")
+        for label, (read, origin, ssd) in readers.items():
+            r = epoch(rels, args.seed + e, read, origin, ssd)
+            results[label].append(r)
+            log(f"  {label} epoch {e + 1}: {r['samples_per_s']} samples/s ({r['seconds']} s), "
+                f"origin read {r['origin_read_bytes'] / 2**20:.0f} MiB, SSD written "
+                f"{r['ssd_written_bytes'] / 2**20:.0f} MiB, hot files {r['hot_files']}")
+            if label.startswith("(a)"):
+                r = epoch(hot_rels, args.seed + e, ssd_reader, ssd_d, None)
+                bare_ssd.append(r["samples_per_s"])
+                log(f"  bare SSD (the hot copy's {len(hot_rels)} files alone): "
+                    f"{r['samples_per_s']} files/s")
+
+    n_hot, n_cold = len(hot_rels), len(rels) - len(hot_rels)
+    origin_rates = [r["samples_per_s"] for r in results["(a) bare origin"]]
+    ideals = [n_hot / s_ + n_cold / o_ for s_, o_ in zip(bare_ssd, origin_rates)]
     log("")
-    log(f"baselines: bare SSD {ssd_rate:.0f} files/s, bare origin {origin_rate:.0f} files/s; "
-        f"(d) ideal epoch {ideal:.1f} s = {n_hot}/{ssd_rate:.0f} + "
-        f"{len(rels) - n_hot}/{origin_rate:.0f}")
+    for e, (s_, o_, i_) in enumerate(zip(bare_ssd, origin_rates, ideals), 1):
+        log(f"round {e} baselines: bare SSD {s_:.0f} files/s, bare origin {o_:.0f} files/s; "
+            f"(d) ideal epoch {i_:.1f} s = {n_hot}/{s_:.0f} + {n_cold}/{o_:.0f}")
+        if s_ <= o_:
+            log(f"round {e}: WARNING the bare SSD read no faster than the throttled origin: "
+                f"the guest was short of CPU (host load), not of I/O; this round's speeds "
+                f"compare nothing")
     log("| configuration | epoch | samples/s | epoch s | hot share | origin read MiB "
         "| SSD written MiB |")
     log("|---|---|---|---|---|---|---|")
@@ -215,7 +223,7 @@ def guest(args) -> int:
     goals = {}
     d = results["(d) --fit + tiered"]
     for e in range(1, EPOCHS):
-        ratio = d[e]["seconds"] / ideal
+        ratio = d[e]["seconds"] / ideals[e]
         faster = all(d[e]["seconds"] < results[k][e]["seconds"] for k in ("(b) bcache", "(c) dm-cache"))
         goals[f"epoch {e + 1}"] = {"x_ideal": round(ratio, 3), "faster_than_b_and_c": faster,
                                    "ssd_written_bytes": d[e]["ssd_written_bytes"]}
@@ -230,7 +238,7 @@ def guest(args) -> int:
             f"{sum(r['seconds'] for r in later) / sum(r['seconds'] for r in d[1:]):.2f}x faster")
     (out / "results.json").write_text(json.dumps(
         {"files": len(rels), "kib": args.kib, "usable_ssd_bytes": usable, "epochs": results,
-         "bare_ssd_files_per_s": bare_ssd, "ideal_d_seconds": ideal, "goals": goals,
+         "bare_ssd_files_per_s": bare_ssd, "ideal_d_seconds": ideals, "goals": goals,
          "hot_copy": {k: meta[k] for k in ("files", "bytes", "fraction", "selection")}},
         indent=2))
     return 0

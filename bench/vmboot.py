@@ -59,11 +59,16 @@ def run_benchmark(script: str, guest_args: str, ssd_mib: int, hdd_mib: int, *,
     out.mkdir()
     command = (f"cd {REPO} && PYTHONDONTWRITEBYTECODE=1 {VENV}/bin/python "
                f"bench/{script} --guest {out} {guest_args} > {out}/guest.log 2>&1")
+    load0 = os.getloadavg()
     t0 = time.monotonic()
     proc = boot(command, out, drives(work, hdd=THROTTLE), timeout)
     log = out / "guest.log"
     sys.stdout.write(log.read_text() if log.exists() else proc.stdout[-5000:])
-    print(f"(boot and benchmark: {time.monotonic() - t0:.0f} s wall; files in {work})")
+    # Under emulation the guest's speed follows the host's load: quote it with the figures.
+    load = lambda la: "/".join(f"{v:.2f}" for v in la)  # noqa: E731
+    print(f"(boot and benchmark: {time.monotonic() - t0:.0f} s wall; host load average "
+          f"(1/5/15 min) {load(load0)} before, {load(os.getloadavg())} after, on "
+          f"{os.cpu_count()} CPUs; files in {work})")
     for image in ("ssd.img", "hdd.img"):
         (work / image).unlink()
     return 0 if (out / "results.json").exists() else 1
