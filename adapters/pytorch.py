@@ -22,12 +22,14 @@ from time import perf_counter
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, get_worker_info
+from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler,
+                              get_worker_info)
 from torch.utils.data import default_collate
 
 from .dataroot import data_root
 from .decode import check_resample, decode_array, pillow_decode
 from .imagefolder import IMAGE_EXTENSIONS, list_image_folder
+from .order import ENV_ORDER, cold_order, write_order
 from .tiered import list_tiered
 from .timing import BatchTimer
 
@@ -233,6 +235,33 @@ class _StampedCollate:
         return batch, sum(t for _, t in stamped)
 
 
+class EpochOrder(Sampler):
+    """A seeded shuffle whose order for epoch e depends on (seed, e) alone, so each epoch
+    can write the next one's cold files to `order_file` for `hotcache warm --order`
+    (adapters/order.py). The first epoch's order is written at once."""
+
+    def __init__(self, dataset, seed: int, order_file: str | os.PathLike):
+        self.dataset, self.seed, self.order_file = dataset, seed, order_file
+        self.epoch = 0
+        self._write(0)
+
+    def order(self, epoch: int) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        return torch.randperm(len(self.dataset), generator=generator).tolist()
+
+    def _write(self, epoch: int) -> None:
+        write_order(self.order_file, cold_order(self.dataset, self.order(epoch))[1])
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self):
+        current = self.order(self.epoch)
+        self.epoch += 1
+        self._write(self.epoch)
+        return iter(current)
+
+
 class TimedLoader(BatchTimer):
     """A DataLoader whose every batch fetch is timed (see BatchTimer); `.loader` is the
     DataLoader, `.dataset` the user's dataset. Each epoch sets the DistributedSampler's
@@ -287,6 +316,7 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
                 transform=None, decode: bool = True, image_size: tuple[int, int] | None = None,
                 resample: str = "bilinear", decode_threads: int | None = None,
                 collate_fn=None, distributed: bool | None = None, seed: int = 0,
+                order_file: str | os.PathLike | None = None,
                 name: str = "train", log_every: int = 100, log_path=None,
                 clock=perf_counter, **loader_options) -> TimedLoader:
     """A timed DataLoader over `dataset`, or over the image folder at `root`
@@ -300,7 +330,12 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
     Images: with `image_size` and no `transform`, each worker decodes whole batches in
     `decode_threads` threads (default: the CPUs left over per worker, at least 1)
     straight into one uint8 N×3×H×W tensor, resized with `resample` ("bilinear" by
-    default, the same filter as tf.data's `tf.image.resize`; see adapters/decode.py)."""
+    default, the same filter as tf.data's `tf.image.resize`; see adapters/decode.py).
+
+    order_file (default: $DATA_ORDER_FILE): shuffle with an order that depends on
+    (seed, epoch) alone and, as each epoch starts, write the next epoch's cold files
+    there in reading order, for `hotcache warm COLD_ROOT --order FILE` (adapters/order.py).
+    Image-folder datasets only; not with a DistributedSampler."""
     built = dataset is None
     if built:
         dataset = ImageFolderDataset(root, transform=transform, decode=decode, image_size=image_size,
@@ -328,6 +363,13 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
     if distributed:
         sampler = DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
         shuffle = False            # the sampler shuffles; DataLoader refuses both
+    order_file = order_file or os.environ.get(ENV_ORDER) or None
+    if order_file:
+        if distributed or not shuffle or not hasattr(dataset, "paths"):
+            raise ValueError(f"order_file={order_file}: the next epoch's order is written only "
+                             f"for a shuffled image-folder dataset on one rank; drop "
+                             f"order_file (or unset {ENV_ORDER}) for this loader")
+        sampler, shuffle = EpochOrder(dataset, seed, order_file), False
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     loader = DataLoader(_Stamped(dataset) if stamped else dataset, batch_size=batch_size,
                         shuffle=shuffle, sampler=sampler, num_workers=num_workers,

@@ -171,6 +171,11 @@ def warm(
     path: Path = typer.Argument(..., help="A hot copy or any folder to read."),
     max_passes: int = typer.Option(8, "--max-passes", min=1,
                                    help="Block caches: most full passes to read."),
+    order: Optional[Path] = typer.Option(
+        None, "--order", metavar="FILE",
+        help="Read only the files FILE lists (one path per line, relative to PATH: the "
+             "next epoch's order, as make_loader(order_file=...) writes it), once, in "
+             "that order, into the page cache."),
     jobs: int = JobsOpt, as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
     metrics_dir: Optional[Path] = MetricsDirOpt,
 ):
@@ -178,12 +183,17 @@ def warm(
     block cache behind PATH, passes reach the device and the hit ratio and cache use
     are shown before and after, and PATH is read again until a pass's reads hit the cache
     (at most 0.5% of its bytes came from the origin device); dm-cache and lvmcache first
-    re-read the files window by window, as their smq policy promotes gradually."""
+    re-read the files window by window, as their smq policy promotes gradually.
+
+    With --order FILE: read the cold part of the next epoch ahead, in the order training
+    will read it (e.g. `hotcache warm /data/ds --order /run/train/next-epoch.txt`
+    beside the training job)."""
     from hotcache.provision.observe.warm import warm as do_warm
 
     meter = _meter(as_json, metrics_dir, "warm", path)
     try:
-        report = do_warm(path, jobs=jobs, max_passes=max_passes, state=state, meter=meter)
+        report = do_warm(path, jobs=jobs, max_passes=max_passes, state=state, meter=meter,
+                         order=order)
     finally:
         meter.stop()
     c, emit = _out()

@@ -131,6 +131,43 @@ def read_file(root_fd: int, rel: Path, evict: bool, meter: NullMeter,
     return total, time.monotonic() - t0
 
 
+def ordered_files(root_fd: int, root: Path, order: Path) -> list[tuple[Path, int]]:
+    """The files that `order` lists (one path per line, relative to `root`: what the
+    training adapters write as the next epoch's order), in its order, with their sizes.
+    Every path must name a regular file beneath `root`, reached without a symlink;
+    anything else is refused before a byte is read."""
+    hint = (f"give the order file the training adapter wrote for {root}: one path per "
+            f"line, relative to {root}")
+    try:
+        lines = order.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--order {order}: cannot read it ({exc})", hint=hint) from None
+    out = []
+    for n, rel in enumerate(lines, 1):
+        if not rel.strip():
+            continue
+        where = f"--order {order}, line {n}: {rel!r}"
+        if rel.startswith("/") or ".." in rel.split("/"):
+            raise UsageError(f"{where} is not a path inside {root}", hint=hint)
+        try:   # O_PATH: a handle to stat, not an open of the file (nothing read yet)
+            fd = beneath.open_at(root_fd, rel, os.O_PATH)
+        except OSError as exc:
+            why = {errno.ENOENT: "no such file", errno.ELOOP: "a symlink on the way",
+                   errno.EXDEV: "leads out of it"}.get(exc.errno, exc.strerror)
+            raise UsageError(f"{where} is not a file inside {root} ({why})",
+                             hint=hint) from None
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{where} is not a regular file", hint=hint)
+        out.append((Path(rel), st.st_size))
+    if not out:
+        raise UsageError(f"--order {order}: lists no file", hint=hint)
+    return out
+
+
 def forget_metadata() -> bool:
     """Drop the kernel's clean dentries and inodes (not file data): the next lookups read
     the filesystem's metadata from the device again. False when not allowed (not root)."""
@@ -403,8 +440,13 @@ def sweep(reader: Reader, files: list[tuple[Path, int]]) -> list[dict]:
 def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None = None,
          runner=None, meter: NullMeter | None = None,
          stats: Callable[[], dict | None] | None = None, backend: str | None = None,
-         origin: Callable[[], int | None] | None = None) -> dict:
+         origin: Callable[[], int | None] | None = None, order: Path | None = None) -> dict:
     """Warm the cache(s) behind `path`; returns a report of every pass.
+
+    With `order` (a file listing paths under `path`, the next epoch's order as the
+    training adapters write it), read exactly those files once, in that order, into the
+    page cache: a read-ahead of what the next epoch will read from the cold tier, not a
+    block-cache warm-up (no eviction, no passes).
 
     `stats`, `backend` and `origin` (bytes read from the origin so far) override what the
     mapping and sysfs say (tests, or callers that already hold the mapping entry);
@@ -431,11 +473,30 @@ def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None =
                 origin = origin or origin_reads(path, runner)
     backend = backend or "none"
     stats = stats or (lambda: None)
+    if order is not None and not path.is_dir():
+        raise UsageError(f"--order needs a folder: {path} is not one",
+                         hint="give the dataset folder the order file's paths are relative to")
     root_fd = beneath.open_root(path if path.is_dir() else path.parent)
     try:
+        if order is not None:
+            return _read_ahead(path, root_fd, Path(order), jobs, meter, backend, cache)
         return _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache)
     finally:
         os.close(root_fd)
+
+
+def _read_ahead(path, root_fd, order, jobs, meter, backend, cache) -> dict:
+    """One pass over the files `order` lists, in its order (with several readers each
+    takes the next file in the list, so the reads run at most `jobs` files apart)."""
+    files = ordered_files(root_fd, path, order)
+    reader = Reader(jobs or default_jobs(), False, meter, lambda: None, None, root_fd)
+    one = reader.read(f"read ahead in the order of {order.name}", files, note=False)
+    return {"path": str(path), "files": len(files), "bytes": sum(s for _, s in files),
+            "cache": cache, "backend": backend, "order": str(order),
+            "evicted_before_reading": False, "metadata_reread": False, "sweep": [],
+            "passes": [{"pass": 1, "readers": reader.jobs, **one}], "focus": [],
+            "stopped": f"read the {len(files)} files {order} lists, in its order",
+            "before": None, "after": None, "hit_ratio_before": None, "hit_ratio_after": None}
 
 
 def _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache) -> dict:

@@ -14,7 +14,8 @@ import pytest
 
 import hotcache.provision.observe.warm as w
 from hotcache.provision.observe.warm import warm
-from tests.helpers import hotcache_json
+from hotcache.provision.errors import ExitCode
+from tests.helpers import hotcache, hotcache_json
 from tests.loop.test_copy_xfs import small_xfs
 from tests.unit.test_copy import make_dataset
 
@@ -130,3 +131,84 @@ def test_block_cache_reads_reach_the_device_and_stop_when_promotion_stops(sandbo
     assert all(p["from_origin"] >= total for p in still["passes"])
     assert still["stopped"].startswith("promotions and cache use stopped rising; ")
     assert still["stopped"].endswith(" of 2.5 MiB in the last pass came from the origin")
+
+
+class Opens:
+    """The files opened under some folders, in the order the kernel saw the opens
+    (inotify IN_OPEN: real events, no guess from timings). O_PATH handles are not opens
+    and make no event."""
+
+    def __init__(self, root: Path, folders: list[Path]):
+        from inotify_simple import INotify, flags
+
+        self.root, self.inotify = root, INotify()
+        self.where = {self.inotify.add_watch(f, flags.OPEN): f for f in folders}
+
+    def read(self) -> list[str]:
+        from inotify_simple import flags
+
+        events = self.inotify.read(timeout=0)
+        return [(self.where[e.wd] / e.name).relative_to(self.root).as_posix() for e in events
+                if e.name and not e.mask & flags.ISDIR]
+
+
+def test_warm_order_reads_the_listed_files_once_in_that_order(sandbox):
+    import random
+
+    mp = small_xfs(sandbox, "ssd")
+    data = make_dataset(mp / "ds", classes=("a", "b"), n=15, size=64 << 10)
+    files = sorted(p.relative_to(data).as_posix() for p in data.rglob("*.jpg"))
+    listed = random.Random(3).sample(files, 20)       # the next epoch's cold part, shuffled
+    order = sandbox / "next-epoch.txt"
+    order.write_text("".join(f"{r}\n" for r in listed) + "\n")   # a blank line is skipped
+    os.sync()
+    evict([data / r for r in files])
+    opens = Opens(data, [data / "a", data / "b"])
+    rc, report = hotcache_json("warm", data, "--order", order, "--jobs", "1")
+    assert rc == 0, report
+    assert opens.read() == listed                      # in the file's order, each once
+    assert report["files"] == 20 and report["order"] == str(order)
+    assert report["passes"][0]["bytes"] == sum((data / r).stat().st_size for r in listed)
+    assert resident([data / r for r in listed]) >= sum(
+        (data / r).stat().st_size for r in listed) - 20 * 4096
+    unlisted = [data / r for r in files if r not in listed]
+    assert resident(unlisted) < 4096 * len(unlisted)
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("../outside.bin", "is not a path inside"),
+    ("/etc/hostname", "is not a path inside"),
+    ("a/link.jpg", "a symlink on the way"),
+    ("a/nope.jpg", "no such file"),
+    ("a", "is not a regular file"),
+])
+def test_warm_order_refuses_paths_outside_the_dataset(sandbox, bad, why):
+    """Every line is checked before a byte is read: a path leading out of the dataset
+    (`..`, absolute, a symlink to a file outside) or naming no file is refused, and
+    neither the outside file nor the good lines before it are opened."""
+    mp = small_xfs(sandbox, "ssd")
+    data = make_dataset(mp / "ds", classes=("a",), n=3, size=4096)
+    victim = mp / "outside.bin"
+    victim.write_bytes(b"secret")
+    (data / "a" / "link.jpg").symlink_to(victim)
+    order = sandbox / "order.txt"
+    order.write_text(f"a/000.jpg\n{bad}\na/001.jpg\n")
+    opens = Opens(mp, [mp, data / "a"])
+    proc = hotcache("warm", data, "--order", order)
+    assert proc.returncode == ExitCode.BAD_INPUT, proc
+    assert f"--order {order}, line 2: {bad!r} " in proc.stderr and why in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert opens.read() == []                          # nothing opened, outside or in
+
+
+@pytest.mark.parametrize("content", [b"", b"\n\n", b"\xff\xfe not text\n"])
+def test_warm_order_bad_file_is_a_clear_error(sandbox, content):
+    mp = small_xfs(sandbox, "ssd")
+    data = make_dataset(mp / "ds", classes=("a",), n=2, size=4096)
+    order = sandbox / "order.txt"
+    order.write_bytes(content)
+    for given in (order, sandbox / "missing.txt"):
+        proc = hotcache("warm", data, "--order", given)
+        assert proc.returncode == ExitCode.BAD_INPUT, proc
+        assert f"--order {given}: " in proc.stderr and "one path per line" in proc.stderr
+        assert "Traceback" not in proc.stderr

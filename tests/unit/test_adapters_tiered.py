@@ -171,3 +171,51 @@ def test_a_real_fit_copy_read_tiered(tmp_path, monkeypatch):
     ds = make_loader(root, decode=False, num_workers=0).dataset
     served = {ds.rels[i]: ds.fetch(i)[1] for i in range(len(ds))}
     assert len(served) == 30 and {r for r, hot in served.items() if hot} == members
+
+
+def test_torch_writes_each_next_epochs_cold_order_for_warm(tiers, tmp_path):
+    """order_file: written at once for the first epoch, then, as each epoch starts, for
+    the next one: exactly the cold files, in the order the loader then delivers them,
+    relative to the cold root, which `warm --order` reads."""
+    from hotcache.adapters import make_loader
+    from hotcache.provision.observe.warm import warm
+
+    hot, cold, members, expected = tiers
+    order = tmp_path / "next-epoch.txt"
+    loader = make_loader(data_root(hot=hot, cold=cold), decode=False, batch_size=4,
+                         num_workers=2, seed=5, order_file=order)
+    written = [order.read_text().splitlines()]
+    delivered = []
+    for _epoch in range(2):
+        samples = [s for batch, _labels in loader for s in batch]
+        check_epoch(samples, members, expected)
+        delivered.append([r for r, is_hot in map(expected.get, samples) if not is_hot])
+        written.append(order.read_text().splitlines())
+    assert delivered == written[:2]                  # each epoch read as written ahead
+    assert sorted(written[0]) == sorted(r for r, is_hot in expected.values() if not is_hot)
+    assert written[0] != written[1] != written[2]    # a new order every epoch
+    again = make_loader(data_root(hot=hot, cold=cold), decode=False, batch_size=6,
+                        num_workers=0, seed=5,
+                        order_file=tmp_path / "again.txt")
+    assert (tmp_path / "again.txt").read_text().splitlines() == written[0]   # seeded
+    assert len(list(again)) == 3
+    assert (tmp_path / "again.txt").read_text().splitlines() == written[1]
+    report = warm(cold, order=order, state=tmp_path / "no-mapping.yaml")
+    assert report["files"] == len(written[2]) == 9
+
+
+def test_torch_order_file_needs_a_shuffled_image_folder(tiers, tmp_path):
+    from hotcache.adapters import make_loader
+
+    hot, cold, _members, _expected = tiers
+    with pytest.raises(ValueError, match="order_file="):
+        make_loader(cold, decode=False, shuffle=False, order_file=tmp_path / "o.txt")
+    assert not (tmp_path / "o.txt").exists()
+    loader = make_loader(cold, decode=False, num_workers=0, order_file=tmp_path / "o.txt")
+    assert sorted((tmp_path / "o.txt").read_text().splitlines()) == sorted(
+        r for r, _ in expected_rels(cold))
+    assert len(list(loader)) == 1
+
+
+def expected_rels(root):
+    return [(p.relative_to(root).as_posix(), None) for p in root.rglob("*.jpg")]
