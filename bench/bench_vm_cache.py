@@ -18,9 +18,12 @@ is dropped before every pass.
   passes. The log shows what warm did: per window, reads and blocks promoted; per full
   pass, files/s, blocks promoted and reads missed; per re-read of slow files, how many.
 
-Each goal pass is held against bare SSD passes read right before and right after it
-(the mean of the two): under emulation the host's load drifts during the ~10 minutes
-of a run. The table's "x bare SSD" uses the median of all bare SSD passes. Per pass the
+Each goal pass is read paired with the bare SSD: after each file of the goal pass, the
+file of the same name on the bare SSD is read, each read timed on its own, so both see
+the same host load (under emulation the guest's speed follows the host's load, which
+has moved 3-10x within a minute on a shared machine). The goal is judged on that
+paired ratio; bare SSD passes read right before and right after it are logged too. The
+table's "x bare SSD" uses the median of all bare SSD passes. Per pass the
 log shows how many reads each device served (the cached device, its origin, its SSD), so
 a slow pass can be told apart: reads still going to the origin, or the CPU.
 
@@ -116,13 +119,39 @@ def read_pass(folder: Path, devices: dict[str, str] | None = None) -> float:
                 pass
     rate = len(names) / (time.monotonic() - t0)
     if devices:
-        after = io_counts(devices)
-        parts = []
-        for label, (ios, sectors) in after.items():
-            n, s = ios - before[label][0], sectors - before[label][1]
-            parts.append(f"{label} {n} reads ({s * 512 / max(n, 1) / 1024:.0f} KiB avg)")
-        print(f"    {rate:.0f} files/s: {'; '.join(parts)}", flush=True)
+        log_reads(f"{rate:.0f} files/s", devices, before)
     return rate
+
+
+def log_reads(what: str, devices: dict[str, str], before: dict[str, tuple[int, int]]) -> None:
+    parts = []
+    for label, (ios, sectors) in io_counts(devices).items():
+        n, s = ios - before[label][0], sectors - before[label][1]
+        parts.append(f"{label} {n} reads ({s * 512 / max(n, 1) / 1024:.0f} KiB avg)")
+    print(f"    {what}: {'; '.join(parts)}", flush=True)
+
+
+def paired_pass(folder: Path, ssd_folder: Path, devices: dict[str, str]) -> tuple[float, float]:
+    """A pass over `folder` (one reader, name order, page cache dropped first) paired
+    with the bare SSD: after each file, the file of the same name in `ssd_folder` is
+    read, each read timed on its own. Both then see the same host load, file by file:
+    under emulation the guest's speed follows the host's load, which moved 3-10x within
+    a minute in runs where the bare SSD passes read before and after a goal pass were
+    the only reference. (files/s of `folder`, files/s of the bare SSD in the same pass.)"""
+    drop_caches()
+    names = sorted(p.name for p in folder.iterdir())
+    before = io_counts(devices)
+    spent = [0.0, 0.0]
+    for name in names:
+        for k, root in enumerate((folder, ssd_folder)):
+            t0 = time.monotonic()
+            with open(root / name, "rb", buffering=0) as f:
+                while f.read(1 << 20):
+                    pass
+            spent[k] += time.monotonic() - t0
+    rate, ssd = len(names) / spent[0], len(names) / spent[1]
+    log_reads(f"{rate:.0f} files/s, paired bare SSD {ssd:.0f} files/s", devices, before)
+    return rate, ssd
 
 
 def hotcache(*args) -> None:
@@ -175,6 +204,7 @@ def guest(args) -> int:
     results: dict[str, list[float]] = {}
     warmed: dict[str, dict] = {}
     around: dict[str, tuple[float, float]] = {}   # bare SSD just before and after a goal pass
+    paired: dict[str, float] = {}                 # bare SSD read file by file with it
     for label, disk in (("bare origin", "hdd"), ("bare SSD", "ssd")):
         dev = f"/dev/disk/by-id/virtio-{disk}-part4"
         mp = root / disk
@@ -193,10 +223,11 @@ def guest(args) -> int:
         it: under emulation the host's load drifts over a run, so the ceiling a goal pass
         is held against is measured next to it."""
         before = read_pass(ssd_data, {"bare SSD": ssd_dev})
-        rate = read_pass(data, devices)
+        rate, paired[backend] = paired_pass(data, ssd_data, {**devices, "bare SSD": ssd_dev})
         after = read_pass(ssd_data, {"bare SSD": ssd_dev})
         around[backend] = (before, after)
-        log(f"    bare SSD around that pass: {before:.0f} before, {after:.0f} after")
+        log(f"    bare SSD around that pass: {before:.0f} before, {after:.0f} after; "
+            f"read file by file with it: {paired[backend]:.0f}")
         return rate
     for backend, (_, cold_mode) in BACKENDS.items():
         t0 = time.monotonic()
@@ -254,13 +285,16 @@ def guest(args) -> int:
     goals = {}
     for b, what in [("bcache", "pass 2"), *((b, "first pass after warm") for b in warmed)]:
         ceiling = sum(around[b]) / 2
-        goals[f"{b} {what}"] = ratio = results[b][1] / ceiling
+        goals[f"{b} {what}"] = ratio = results[b][1] / paired[b]
         log(f"goal {b} {what} >= 0.8x bare SSD: {results[b][1]:.0f} files/s against "
-            f"{ceiling:.0f} (bare SSD just before and after: {around[b][0]:.0f}, "
-            f"{around[b][1]:.0f}) = {ratio:.2f}x {'met' if ratio >= 0.8 else 'NOT met'}")
+            f"{paired[b]:.0f} (the bare SSD read file by file with it) = {ratio:.2f}x "
+            f"{'met' if ratio >= 0.8 else 'NOT met'}; against the bare SSD passes just "
+            f"before and after ({around[b][0]:.0f}, {around[b][1]:.0f}): "
+            f"{results[b][1] / ceiling:.2f}x")
     (out / "results.json").write_text(json.dumps(
         {"files": args.files, "kib": args.kib, "files_per_s": results, "warm": warmed,
-         "bare_ssd_around_goal_pass": around, "ratios_to_ssd": goals}, indent=2))
+         "bare_ssd_around_goal_pass": around, "bare_ssd_paired_with_goal_pass": paired,
+         "ratios_to_ssd": goals}, indent=2))
     return 0
 
 
