@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hotcache.provision.errors import DataRootError
-from hotcache.provision.hotcopy.format import STAGING_SUFFIX, read_metadata, staging_dir
+from hotcache.provision.hotcopy.format import STAGING_SUFFIX, CopyState, copy_state, staging_dir
 
 from .blockinfo import SYS_DEV_BLOCK, Backing, backing_of
 from .tiered import ENV_COLD, Tiers, count_files
@@ -61,7 +61,8 @@ class HotCopy:
     hot        complete and verified
     unverified complete, but its last verification failed or never ran
     staging    a copy being written (or left half-written): never hot
-    cold       no hot copy here"""
+    cold       no hot copy here
+    `copy_state` is the finer state `hotcache copies` prints (format.CopyState)."""
 
     state: str
     root: str | None = None          # the copy's top folder (DATA_ROOT may be inside it)
@@ -71,6 +72,7 @@ class HotCopy:
     files: int | None = None
     partial: bool = False            # holds a subset of its source (--fit, --fraction)
     fraction: float | None = None    # the share of the source's files it holds
+    copy_state: str | None = None
 
     @property
     def is_hot(self) -> bool:
@@ -142,18 +144,17 @@ class DataRoot:
 def hot_copy_at(path: Path) -> HotCopy:
     """Find the hot copy that holds `path` (itself or a parent folder)."""
     for folder in (path, *path.parents):
-        if folder.name.endswith(STAGING_SUFFIX):
-            return HotCopy("staging", str(folder))
-        meta = read_metadata(folder)
+        state, meta = copy_state(folder)
         if meta is not None:
-            verified = meta.get("verify_ok") is True and bool(meta.get("verified_at"))
-            return HotCopy("hot" if verified else "unverified", str(folder), meta.get("name"),
+            return HotCopy("hot" if state.verified else "unverified", str(folder),
+                           meta.get("name"),
                            None if meta.get("version") is None else str(meta.get("version")),
-                           meta.get("verified_at"), meta.get("files"), *_coverage(meta))
-        if staging_dir(folder).exists():
-            # DEST exists without complete metadata while its staging folder is still there:
-            # a copy in progress or one that died half-way.
-            return HotCopy("staging", str(staging_dir(folder)))
+                           meta.get("verified_at"), meta.get("files"), *_coverage(meta),
+                           copy_state=state.value)
+        if state == CopyState.INTERRUPTED:
+            # a copy in progress, or one that died half-way: never hot
+            staging = folder if folder.name.endswith(STAGING_SUFFIX) else staging_dir(folder)
+            return HotCopy("staging", str(staging), copy_state=state.value)
         if folder.is_mount():
             break                                     # a hot copy never spans filesystems
     return HotCopy("cold")

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from hotcache.provision import mapping
-from hotcache.provision.hotcopy.format import METADATA, read_metadata, staging_dir, STAGING_SUFFIX
+from hotcache.provision.hotcopy.format import METADATA, STAGING_SUFFIX, copy_state
 
 RECORDED = ("name", "version", "files", "bytes", "copied_at", "verified_at", "verify_ok")
 
@@ -41,21 +41,9 @@ def record(dest: Path, meta: dict, state: Path | None) -> str | None:
         return name
 
 
-def state_of(dest: Path, meta: dict | None) -> str:
-    if meta is None:
-        return "interrupted" if staging_dir(dest).is_dir() else "missing"
-    if meta.get("verify_ok") is False:
-        return "failed verification"
-    if meta.get("verify_ok") and staging_dir(dest).is_dir():
-        return "verified, refresh interrupted"
-    if staging_dir(dest).is_dir():
-        return "refresh interrupted"
-    return "verified" if meta.get("verify_ok") else "not verified"
-
-
 def describe(dest: Path, cache: str | None = None) -> dict:
-    meta = read_metadata(dest)
-    row = {"path": str(dest), "cache": cache, "state": state_of(dest, meta)}
+    state, meta = copy_state(dest)
+    row = {"path": str(dest), "cache": cache, "state": state.value}
     row.update({k: (meta or {}).get(k) for k in RECORDED})
     return row
 

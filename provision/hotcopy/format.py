@@ -9,6 +9,9 @@ A published hot copy is a directory DEST holding the copied files plus:
 While a copy is being made it lives in a staging directory next to DEST (same
 filesystem) named `.{DEST.name}.hotcache-staging`; a directory without a complete
 metadata file (or a staging directory) is never a hot copy.
+
+What is at a DEST is one `CopyState`, computed by `copy_state` alone: `hotcache copies`,
+the metrics, doctor, the node labels and the adapters all read it from there.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from enum import StrEnum
 from pathlib import Path
 
 from hotcache.provision.errors import UsageError
@@ -44,6 +48,53 @@ def label_ok(label: str) -> bool:
 
 def staging_dir(dest: Path) -> Path:
     return dest.parent / f".{dest.name}{STAGING_SUFFIX}"
+
+
+class CopyState(StrEnum):
+    """What is at a hot copy's DEST. The values are what `hotcache copies` prints."""
+    VERIFIED = "verified"                      # published; its last verification passed
+    NOT_VERIFIED = "not verified"              # published; never verified since
+    FAILED_VERIFICATION = "failed verification"
+    # published, with a staging folder beside it: a refresh running or killed half-way
+    # (the published copy is still whole: a refresh replaces it in one rename)
+    VERIFIED_REFRESH_INTERRUPTED = "verified, refresh interrupted"
+    REFRESH_INTERRUPTED = "refresh interrupted"
+    INTERRUPTED = "interrupted"                # nothing published; a copy is being staged
+                                               # (or was killed while staging)
+    MISSING = "missing"                        # nothing at all
+
+    @property
+    def published(self) -> bool:
+        """A complete copy is there to read."""
+        return self not in (CopyState.INTERRUPTED, CopyState.MISSING)
+
+    @property
+    def verified(self) -> bool | None:
+        """True: its last verification passed; False: it failed (or nothing is published);
+        None: a published copy never verified."""
+        if self in (CopyState.VERIFIED, CopyState.VERIFIED_REFRESH_INTERRUPTED):
+            return True
+        if self in (CopyState.NOT_VERIFIED, CopyState.REFRESH_INTERRUPTED):
+            return None
+        return False
+
+
+def copy_state(dest: Path) -> tuple[CopyState, dict | None]:
+    """The state of what is at `dest` (a DEST, or a staging folder itself), with the
+    published copy's metadata (None when nothing is published)."""
+    if dest.name.endswith(STAGING_SUFFIX):
+        return (CopyState.INTERRUPTED if dest.is_dir() else CopyState.MISSING), None
+    meta = read_metadata(dest)
+    staging = staging_dir(dest).is_dir()
+    if meta is None:
+        return (CopyState.INTERRUPTED if staging else CopyState.MISSING), None
+    if meta.get("verify_ok") is False:
+        return CopyState.FAILED_VERIFICATION, meta
+    verified = meta.get("verify_ok") is True and bool(meta.get("verified_at"))
+    if staging:
+        return (CopyState.VERIFIED_REFRESH_INTERRUPTED if verified
+                else CopyState.REFRESH_INTERRUPTED), meta
+    return (CopyState.VERIFIED if verified else CopyState.NOT_VERIFIED), meta
 
 
 def read_metadata(dest: Path) -> dict | None:

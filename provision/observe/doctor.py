@@ -329,6 +329,7 @@ def check_drift(rows: dict[str, dict]) -> list[Finding]:
 
 
 def check_space_and_copies(caches: dict, rows: dict[str, dict], opts: Options) -> list[Finding]:
+    from hotcache.provision.hotcopy.format import CopyState
     from hotcache.provision.observe.metrics import hot_copies
 
     out = []
@@ -352,11 +353,12 @@ def check_space_and_copies(caches: dict, rows: dict[str, dict], opts: Options) -
             out.append(Finding("free-space", OK, name, f"{row['mountpoint']}: {share:.0f} % free"))
         for c in copies:
             where = f"hot copy {c['name']} at {c['path']}"
-            if not c["present"]:
+            if not c["state"].published:
                 out.append(Finding.coded("hot-copy", PROBLEM, c["path"],
-                                         f"{where} is recorded but missing or incomplete",
+                                         f"{where} is recorded but {c['state']} (no complete "
+                                         "copy is there)",
                                          Code.HOT_COPY_MISSING, path=c["path"]))
-            elif c["verify_ok"] is False:
+            elif c["state"] == CopyState.FAILED_VERIFICATION:
                 out.append(Finding.coded("hot-copy", PROBLEM, c["path"],
                                          f"{where} failed its last verification: some files "
                                          "differ from the manifest",

@@ -111,23 +111,21 @@ def _scan(root: Path, depth: int = 2):
 
 
 def _copy_row(path: str, info: dict) -> dict:
-    meta = hotcopy_format.read_metadata(Path(path))
+    state, meta = hotcopy_format.copy_state(Path(path))
     src = meta if meta is not None else info
     verified = _timestamp(src.get("verified_at"))
-    if meta is None:
-        ok = False  # recorded but missing or incomplete: nothing there can be trusted
-    else:
-        # None: published without a read-back and never verified since.
-        ok = meta.get("verify_ok") if isinstance(meta.get("verify_ok"), bool) else None
     return {
         "path": path,
+        "state": state,
         "name": str(src.get("name") or info.get("name") or os.path.basename(path)),
         "version": src.get("version"),
-        "present": meta is not None,
+        "present": state.published,
         "files": _number(src.get("files")),
         "bytes": _number(src.get("bytes")),
         "verified_at": verified,
-        "verify_ok": ok,
+        # False for a copy missing or incomplete (nothing there can be trusted); None for
+        # one published without a read-back and never verified since
+        "verify_ok": state.verified,
     }
 
 

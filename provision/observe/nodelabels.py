@@ -86,7 +86,7 @@ def verified_copies(rows: list[dict], caches: dict) -> list[dict]:
     out = []
     for row in filter(_up, rows):
         for copy in hot_copies(caches.get(row["name"]) or {}, True):
-            if copy["present"] and copy["verify_ok"] is True and copy["verified_at"]:
+            if copy["state"].verified:
                 out.append({**copy, "cache": row["name"], "backend": row.get("backend")})
     return out
 
