@@ -1,22 +1,27 @@
 """Cache backends. Each builds the block device the filesystem goes on, reads its
-statistics and takes it down; the engine does everything above the block device."""
+statistics and takes it down; the engine does everything above the block device.
+
+`BACKENDS` is the registry: every fact about a backend is declared on its class
+(base.py), and spec validation, discover, doctor, restore, warm and the engine read them
+from here. Adding one (Open CAS, say) is one module plus one entry below.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hotcache.provision.backends.base import Backend
+from hotcache.provision.backends.bcache import Bcache
+from hotcache.provision.backends.dmcache import DmCache
+from hotcache.provision.backends.lvmcache import LvmCache
+from hotcache.provision.backends.plain import Plain
+
+if TYPE_CHECKING:
+    from hotcache.provision.block.host import Host
+
+BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (Plain, Bcache, DmCache, LvmCache)}
 
 
-def get(name: str) -> Backend:
-    if name == "none":
-        from hotcache.provision.backends.plain import Plain
-        return Plain()
-    if name == "bcache":
-        from hotcache.provision.backends.bcache import Bcache
-        return Bcache()
-    if name == "dm-cache":
-        from hotcache.provision.backends.dmcache import DmCache
-        return DmCache()
-    if name == "lvmcache":
-        from hotcache.provision.backends.lvmcache import LvmCache
-        return LvmCache()
-    raise KeyError(name)
+def get(name: str, host: "Host") -> Backend:
+    """Backend `name` planning against `host`; KeyError if unknown."""
+    return BACKENDS[name](host)

@@ -1,15 +1,18 @@
-"""What a backend provides to the engine."""
+"""What a backend provides to the engine.
+
+A backend instance plans against one Host (`self.host`, block/host.py): every read of
+the machine (sysfs, probe commands, device facts, the kernel's features) goes through it,
+so unit tests plan each backend against a fake host.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hotcache.provision.block import kernel
-
 if TYPE_CHECKING:
+    from hotcache.provision.block.host import Host
     from hotcache.provision.engine.apply import Device, Planner
     from hotcache.provision.plan import Ref
-    from hotcache.provision.system.runner import Runner
     from hotcache.provision.engine.spec import CacheSpec
 
 
@@ -17,11 +20,14 @@ class Backend:
     name = "?"
     restores_at_boot = False    # the engine installs (and teardown removes) a restore unit
     programs: tuple[str, ...] = ()      # must be installed
-    kernel_feature: str | None = None   # what the kernel must offer (block/kernel.py)
+    kernel_feature: str | None = None   # what the kernel must offer (Host.kernel_has)
+
+    def __init__(self, host: "Host"):
+        self.host = host
 
     def unavailable(self) -> str | None:
         """Why this host cannot use the backend (None: it can)."""
-        if self.kernel_feature and not kernel.kernel_has(self.kernel_feature):
+        if self.kernel_feature and not self.host.kernel_has(self.kernel_feature):
             return KERNEL_MISSING[self.kernel_feature]
         return None
 
@@ -53,12 +59,12 @@ class Backend:
     # `nodes`: the cache's devices by role as the engine found them now, by identity
     # (None: not present or not provably the recorded one).
 
-    def live(self, entry: dict, runner: "Runner", nodes: dict) -> str | None:
+    def live(self, entry: dict, nodes: dict) -> str | None:
         """Why the cache is not live now (its tables not loaded, its device not
         registered), so that teardown cannot flush it; None: it is live."""
         return None
 
-    def stats(self, entry: dict, runner: "Runner", nodes: dict) -> dict:
+    def stats(self, entry: dict, nodes: dict) -> dict:
         return {}
 
     def dismantle(self, p: "Planner", entry: dict, nodes: dict) -> None:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 from hotcache.provision.backends import bcache_sysfs as sb
 from hotcache.provision.errors import FlushIncomplete, HotcacheError, KernelUnsupported
 from hotcache.provision.plan import Ref
 from hotcache.provision.system.waits import wait_until
 from hotcache.provision.backends import state
-from hotcache.provision.backends.base import KERNEL_MISSING, Backend
+from hotcache.provision.backends.base import Backend
+from hotcache.provision.block.host import Host
 
 BLOCK = "4k"               # cache and backing block sizes must match to attach
 MIN_BUCKETS = 1024         # the kernel refuses fewer ("ca->sb.nbuckets is too small")
@@ -51,11 +53,8 @@ def desired_tunables(tunables: dict) -> dict:
 class Bcache(Backend):
     name = "bcache"
     restores_at_boot = True     # tunables other than cache_mode are lost at reboot
-    kernel_feature = "bcache"   # unavailable() reads bcache_sysfs.SYS_FS (tests point it)
+    kernel_feature = "bcache"
     programs = ("make-bcache", "wipefs", "mkfs.xfs", "blkid")
-
-    def unavailable(self):
-        return None if sb.SYS_FS.is_dir() else KERNEL_MISSING["bcache"]
 
     def owns(self, entry, dev):
         st = state.of(entry)
@@ -100,23 +99,25 @@ class Bcache(Backend):
             state.remember(p, "record the cache set and backing device UUIDs in the mapping",
                            uuids)
 
+        h = self.host
         live = bdev_uuid is not None and isinstance(origin.node, str) \
-            and sb.is_registered(origin.node) and sb.set_dir(cset).is_dir()
+            and sb.is_registered(h, origin.node) and h.is_dir(sb.set_dir(cset))
         if not live:
             p.do(f"register {cache.ref.label} and {origin.ref.label} with the kernel "
                  "(udev may have done it already)",
-                 lambda ctx: register(ctx.resolve(cache.node), ctx.resolve(origin.node), cset))
-        if not live or sb.attached_set(origin.node) != cset:
+                 lambda ctx: register(h, ctx.resolve(cache.node), ctx.resolve(origin.node),
+                                      cset))
+        if not live or sb.attached_set(h, origin.node) != cset:
             p.do(f"attach the backing device to cache set {cset}",
-                 lambda ctx: attach(ctx.resolve(origin.node), cset))
+                 lambda ctx: attach(h, ctx.resolve(origin.node), cset))
         if bdev_uuid is not None:
-            target: str | Ref = str(sb.BY_UUID / bdev_uuid)
+            target: str | Ref = f"{sb.BY_UUID}/{bdev_uuid}"
         else:
             target = Ref(f"bcache-node:{spec.name}", "/dev/bcache/by-uuid/<new backing UUID>")
-        if not live or not os.path.exists(str(target)):
+        if not live or not h.exists(str(target)):
             def linked(ctx):
                 u = ctx.refs.get(key) or bdev_uuid
-                node = wait_for_link(u)
+                node = wait_for_link(h, u)
                 if isinstance(target, Ref):
                     ctx.refs[target.key] = node
             p.do("wait for udev's /dev/bcache/by-uuid link", linked)
@@ -129,74 +130,81 @@ class Bcache(Backend):
         return target
 
     def _plan_tunables(self, p, spec, node, cset: str, live: bool) -> None:
+        h = self.host
         want = {"cache_mode": spec.effective_mode, **desired_tunables(spec.tunables)}
         for key, value in want.items():
             if live:
-                path = sb.tunable_path(key, node, cset)
-                current = sb.read(path)
-                current = sb.selected(current) if key == "cache_mode" else current
+                current = h.read(sb.tunable_path(h, key, node, cset))
+                if current is not None and key == "cache_mode":
+                    current = sb.selected(current)
                 if sb.same_value(key, current, value):
                     continue
             p.do(f"set bcache {key} to {value}",
-                 lambda ctx, k=key, v=value: sb.write(
-                     sb.tunable_path(k, ctx.resolve(node), cset), str(v)))
+                 lambda ctx, k=key, v=value: h.write(
+                     sb.tunable_path(h, k, ctx.resolve(node), cset), str(v)))
 
-    def live(self, entry, runner, nodes):
+    def live(self, entry, nodes):
         st = state.of(entry)
         node, cset = nodes.get("origin"), st.get("cset_uuid")
+        h = self.host
         if node is None:
             return "its origin (the bcache backing device) is not present"
-        if not sb.is_registered(node):
+        if not sb.is_registered(h, node):
             return f"the bcache backing device {node} is not registered with the kernel"
-        attached = sb.attached_set(node)
-        if attached is None and sb.read(sb.bdev_dir(node) / "state") != "no cache":
+        attached = sb.attached_set(h, node)
+        state_now = h.read(f"{sb.bdev_dir(h, node)}/state")
+        if attached is None and state_now != "no cache":
             return (f"{node} is registered but not attached to its cache set {cset} "
-                    f"(state {sb.read(sb.bdev_dir(node) / 'state')})")
+                    f"(state {state_now})")
         if attached is not None and attached != cset:
             return f"{node} is attached to another cache set {attached}"
         return None
 
-    def stats(self, entry, runner, nodes):
+    def stats(self, entry, nodes):
         st = state.of(entry)
         node, cset = nodes.get("origin"), st.get("cset_uuid")
-        if node is None or not sb.is_registered(node):
+        h = self.host
+        if node is None or not sb.is_registered(h, node):
             raise HotcacheError("the bcache backing device is not registered; run "
                                 "`hotcache restore`")
-        d = sb.bdev_dir(node)
-        hits = int(sb.read(d / "stats_total" / "cache_hits"))
-        misses = int(sb.read(d / "stats_total" / "cache_misses"))
-        bypassed = sum(int(sb.read(d / "stats_total" / f"cache_bypass_{k}"))
-                       for k in ("hits", "misses"))
+        d = sb.bdev_dir(h, node)
+
+        def attr(name: str) -> str:
+            return sb.read(h, f"{d}/{name}")
+        hits = int(attr("stats_total/cache_hits"))
+        misses = int(attr("stats_total/cache_misses"))
+        bypassed = sum(int(attr(f"stats_total/cache_bypass_{k}")) for k in ("hits", "misses"))
         total = _cache_bytes(entry)
-        unused = sb.unused_percent(cset) if cset else None
-        policy_file = sb.set_dir(cset) / "cache0" / "cache_replacement_policy"
+        unused = sb.unused_percent(h, cset) if cset else None
+        policy = h.read(f"{sb.set_dir(cset)}/cache0/cache_replacement_policy")
         return {
-            "mode": sb.selected(sb.read(d / "cache_mode")),
-            "policy": sb.selected(sb.read(policy_file)) if policy_file.exists() else None,
-            "state": sb.read(d / "state"),
+            "mode": sb.selected(attr("cache_mode")),
+            "policy": sb.selected(policy) if policy is not None else None,
+            "state": attr("state"),
             "hits": hits, "misses": misses,
             "hit_ratio": round(hits / (hits + misses), 4) if hits + misses else None,
             "bypassed": bypassed,   # I/Os sent past the cache (sequential, congested)
-            "dirty_bytes": sb.parse_human(sb.read(d / "dirty_data")),
+            "dirty_bytes": sb.parse_human(attr("dirty_data")),
             "cache_used_bytes": None if unused is None or total is None
             else total * (100 - unused) // 100,
             "cache_total_bytes": total,
             "promotions": None,   # bcache fills on every miss; it has no promotion counter
-            "priority": sb.priority_stats(cset) if cset else None,   # buckets by state, %
-            "sequential_cutoff": sb.parse_human(sb.read(d / "sequential_cutoff")),
+            "priority": sb.priority_stats(h, cset) if cset else None,   # buckets by state, %
+            "sequential_cutoff": sb.parse_human(attr("sequential_cutoff")),
         }
 
     def dismantle(self, p, entry, nodes):
         st = state.of(entry)
         node, cset = nodes.get("origin"), st.get("cset_uuid")
-        if node and sb.is_registered(node):
-            if sb.attached_set(node):
+        h = self.host
+        if node and sb.is_registered(h, node):
+            if sb.attached_set(h, node):
                 p.do("detach the cache set (bcache first writes every dirty block back to "
-                     "the origin) and wait for state `no cache`", lambda ctx: detach(node))
-            p.do(f"stop the bcache device on {node}", lambda ctx: stop_backing(node))
-        if cset and sb.set_dir(cset).is_dir():
+                     "the origin) and wait for state `no cache`", lambda ctx: detach(h, node))
+            p.do(f"stop the bcache device on {node}", lambda ctx: stop_backing(h, node))
+        if cset and h.is_dir(sb.set_dir(cset)):
             p.do(f"unregister cache set {cset} (only once no backing device is attached)",
-                 lambda ctx: unregister_set(cset))
+                 lambda ctx: unregister_set(h, cset))
         if node:
             p.plan.notes.append(f"{node} keeps its bcache superblock; the filesystem on it "
                                 "starts 8 KiB in (`teardown --wipe` erases the superblock)")
@@ -213,63 +221,61 @@ def _probe_uuid(ctx, node) -> str:
     return res.stdout.strip()
 
 
-# --- run-time actions (sysfs writes, bounded waits) -------------------------------
+# --- run-time actions (sysfs writes, bounded waits), on the host the plan read -------
 
-def register(cache_node: str, origin_node: str, cset: str) -> None:
+def register(host: Host, cache_node: str, origin_node: str, cset: str) -> None:
     """Register both devices. udev's bcache rule usually does it first, and a second
     registration fails with EINVAL ("already registered"): tolerate it, then check."""
     for node in (cache_node, origin_node):
         try:
-            sb.write(sb.SYS_FS / "register", os.path.realpath(node))
+            host.write(f"{sb.SYS_FS}/register", host.realpath(node))
         except OSError:
             pass  # already registered (udev did it) or a real failure: the wait tells
     wait_until("bcache to register the cache set and the backing device",
-               lambda: (sb.set_dir(cset).is_dir() and sb.is_registered(origin_node),
+               lambda: (host.is_dir(sb.set_dir(cset)) and sb.is_registered(host, origin_node),
                         "not registered yet"),
                timeout=REGISTER_TIMEOUT,
                hint="check `dmesg` for bcache errors (block size mismatch, too few buckets)")
 
 
-def attach(origin_node: str, cset: str) -> None:
-    if sb.attached_set(origin_node) == cset:
+def attach(host: Host, origin_node: str, cset: str) -> None:
+    current = sb.attached_set(host, origin_node)
+    if current == cset:
         return
-    current = sb.attached_set(origin_node)
     if current is not None:
         raise KernelUnsupported(f"{origin_node} is attached to another cache set {current}",
                                 hint="take that cache down first")
-    sb.write(sb.bdev_dir(origin_node) / "attach", cset)
+    host.write(f"{sb.bdev_dir(host, origin_node)}/attach", cset)
 
 
-def wait_for_link(bdev_uuid: str) -> str:
-    link = sb.BY_UUID / bdev_uuid
-    from hotcache.provision.system.runner import Runner
-
-    runner = Runner()
+def wait_for_link(host: Host, bdev_uuid: str) -> str:
+    link = f"{sb.BY_UUID}/{bdev_uuid}"
+    runner = host.runner
     runner.run(["udevadm", "settle", "--timeout=10"], check=False)
 
     def there():
-        if link.exists():
+        if host.exists(link):
             return True, "present"
         runner.run(["udevadm", "trigger", "--subsystem-match=block", "--action=change"],
                    check=False)
         runner.run(["udevadm", "settle", "--timeout=5"], check=False)
-        return link.exists(), "link missing"
+        return host.exists(link), "link missing"
     wait_until(f"udev to create {link}", there, timeout=REGISTER_TIMEOUT, interval=1.0)
-    return str(link)
+    return link
 
 
-def detach(origin_node: str, **wait) -> None:
+def detach(host: Host, origin_node: str, **wait) -> None:
     """Detach the cache set, which makes bcache write every dirty block back first, and
     wait until the backing device says `no cache`. The device going away meanwhile (a
     failing origin stops it) is an error: the flush did not complete."""
     from hotcache.provision.system.waits import wait_drained
 
-    d = sb.bdev_dir(origin_node)
+    d = host.path(sb.bdev_dir(host, origin_node))
     running = d / "writeback_running"
-    if running.exists() and sb.read(running) != "1":
-        sb.write(running, "1")     # 0 would hold every dirty block on the SSD
-    cset = sb.attached_set(origin_node)
-    sb.write(d / "detach", "1")
+    if running.exists() and _get(running) != "1":
+        running.write_text("1")     # 0 would hold every dirty block on the SSD
+    cset = sb.attached_set(host, origin_node)
+    (d / "detach").write_text("1")
 
     def remaining():
         try:
@@ -296,40 +302,45 @@ def detach(origin_node: str, **wait) -> None:
 
 def _detach_progress(d) -> tuple[int, str]:
     """(what is left, progress text) of a detach; OSError once the device is gone."""
-    st = sb.read(d / "state")
+    st = _get(d / "state")
     if st == "no cache":
         return 0, "detached"
-    dirty = sb.read(d / "dirty_data")
+    dirty = _get(d / "dirty_data")
     return sb.parse_human(dirty) + 1, f"state {st}, {dirty} dirty"
 
 
 def _detach_stall(d, running) -> str:
     rate = d / "writeback_rate"
-    return (f"state {sb.read(d / 'state')}, {sb.read(d / 'dirty_data')} dirty, writeback "
-            f"running {sb.read(running) if running.exists() else '?'}, rate "
-            f"{sb.read(rate) if rate.exists() else '?'}. An origin that returns I/O errors "
+    return (f"state {_get(d / 'state')}, {_get(d / 'dirty_data')} dirty, writeback "
+            f"running {_get(running) if running.exists() else '?'}, rate "
+            f"{_get(rate) if rate.exists() else '?'}. An origin that returns I/O errors "
             "holds it (see `dmesg`). The cache set and its dirty data are kept: fix the "
             "origin, then run teardown again")
 
 
-def stop_backing(origin_node: str) -> None:
-    d = sb.bdev_dir(origin_node)
+def stop_backing(host: Host, origin_node: str) -> None:
+    d = host.path(sb.bdev_dir(host, origin_node))
     if d.is_dir():
-        sb.write(d / "stop", "1")
+        (d / "stop").write_text("1")
     wait_until(f"bcache to stop the device on {origin_node}",
                lambda: (not d.is_dir(), "still registered"), timeout=REGISTER_TIMEOUT)
 
 
-def unregister_set(cset: str) -> None:
+def unregister_set(host: Host, cset: str) -> None:
     """Unregister a cache set that no backing device uses any more: a set with a backing
     device still attached may hold its dirty data, and unregistering it loses that."""
-    d = sb.set_dir(cset)
+    d = host.path(sb.set_dir(cset))
     attached = sorted(p.name for p in d.glob("bdev*")) if d.is_dir() else []
     if attached:
         raise FlushIncomplete(f"cache set {cset} still has {', '.join(attached)} attached and "
                               "may hold its dirty data; it was not unregistered",
                               hint="run teardown again once the detach has finished")
     if d.is_dir():
-        sb.write(d / "unregister", "1")
+        (d / "unregister").write_text("1")
     wait_until(f"bcache to unregister cache set {cset}",
                lambda: (not d.is_dir(), "still registered"), timeout=REGISTER_TIMEOUT)
+
+
+def _get(path: Path) -> str:
+    """A sysfs attribute of a device that may go away (OSError then)."""
+    return path.read_text().strip()

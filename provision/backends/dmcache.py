@@ -73,6 +73,10 @@ def _text(p, key: str, render, *nodes) -> "str | Ref":
 
 
 class DmCache(Backend):
+    def _dm_name(self, kname: str) -> str | None:
+        """The device-mapper name of kernel device `kname` (a holder), None if not dm."""
+        return self.host.read(f"/sys/class/block/{kname}/dm/name")
+
     name = "dm-cache"
     restores_at_boot = True     # raw tables vanish at reboot
     kernel_feature = "device-mapper"
@@ -89,7 +93,7 @@ class DmCache(Backend):
             return False    # the metadata has no signature: only identity tells whose it is
         holders = dev.report.holders if dev.report else []
         names = set(st.get("names", {}).values())
-        return bool(holders) and all(_dm_name(h) in names for h in holders) \
+        return bool(holders) and all(self._dm_name(h) in names for h in holders) \
             or (dev.role == "cache" and not dev.fs)
 
     def signature(self, entry, role):
@@ -99,9 +103,9 @@ class DmCache(Backend):
         # so the origin may show nothing; another signature is still a conflict.
         return ("xfs", (entry or {}).get("filesystem", {}).get("uuid"), "may be absent")
 
-    def live(self, entry, runner, nodes):
+    def live(self, entry, nodes):
         names = state.of(entry).get("names") or dm_names((entry.get("spec") or {}).get("name", ""))
-        if live_table(names["cache"], runner) is None:
+        if live_table(names["cache"], self.host.runner) is None:
             return f"its dm-cache table {names['cache']} is not loaded"
         return None
 
@@ -120,7 +124,7 @@ class DmCache(Backend):
             block = DEFAULT_BLOCK
         block //= 512
         ssd = devs["cache"].size // 512
-        meta = metadata_sectors(p.env.runner, ssd, block)
+        meta = metadata_sectors(self.host.runner, ssd, block)
         data = (ssd - meta) // block * block
         if data < 16 * block:
             p.refuse(f"{spec.name}.cache: the SSD is too small for dm-cache with {block * 512} "
@@ -129,7 +133,7 @@ class DmCache(Backend):
 
     def build(self, p, spec, entry, devs):
         st = state.of(entry)
-        runner = p.env.runner
+        runner = self.host.runner
         names = dm_names(spec.name)
         origin, cache = devs["origin"], devs["cache"]
         geo = self.geometry(p, spec, st, devs)
@@ -182,13 +186,13 @@ class DmCache(Backend):
                                         "table": want.render().replace("ORIGIN", "<origin>")})
         return f"/dev/mapper/{names['cache']}"
 
-    def stats(self, entry, runner, nodes):
+    def stats(self, entry, nodes):
         names = state.of(entry).get("names") or dm_names(entry["spec"]["name"])
-        res = runner.run(["dmsetup", "status", names["cache"]])
+        res = self.host.runner.run(["dmsetup", "status", names["cache"]])
         return cache_stats(parse_status(res.stdout))
 
     def dismantle(self, p, entry, nodes):
-        runner = p.env.runner
+        runner = self.host.runner
         names = state.of(entry).get("names") or dm_names(p.cache)
         current = live_table(names["cache"], runner)
         if current is not None:
@@ -214,14 +218,6 @@ def _policy_args(tunables: dict) -> list[str]:
     if "migration_threshold" in tunables:
         return ["migration_threshold", str(tunables["migration_threshold"])]
     return []
-
-
-def _dm_name(kname: str) -> str | None:
-    try:
-        with open(f"/sys/class/block/{kname}/dm/name") as f:
-            return f.read().strip()
-    except OSError:
-        return None
 
 
 MIN_MIGRATION = 2048   # sectors a migration may move at once: the kernel's default

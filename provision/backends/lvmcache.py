@@ -12,12 +12,11 @@ on the PVs, so after a boot only the activation is missing, which `hotcache rest
 
 from __future__ import annotations
 
-import os
-
+from hotcache.provision.backends.dmcache import MIN_MIGRATION, ensure_writeback, wait_clean
 from hotcache.provision.backends.dmtable import cache_stats, parse_status
 from hotcache.provision.block import probe
+from hotcache.provision.block.host import Host
 from hotcache.provision.errors import ProbeFailed
-from hotcache.provision.system.runner import Runner
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend
 
@@ -32,11 +31,11 @@ def cache_lv(origin_lv: str) -> str:
     return f"{origin_lv}_hccache"
 
 
-def lvm(command: str, *args) -> list:
+def lvm(host: Host, command: str, *args) -> list:
     """An lvm2 command that never asks (--yes is passed by callers) and, on hosts without
     a devices file, sees every device (a fresh guest or host may not list new disks)."""
     argv = [command]
-    if not os.path.exists("/etc/lvm/devices/system.devices"):
+    if not host.exists("/etc/lvm/devices/system.devices"):
         argv += ["--config", "devices { use_devicesfile=0 }"]
     return [*argv, *args]
 
@@ -46,9 +45,9 @@ def lvm(command: str, *args) -> list:
 LVM_ABSENT = ("not found", "Failed to find")
 
 
-def report(runner: Runner, what: str, fields: str, *targets: str) -> list[dict]:
-    res = probe.run(runner, lvm(what, "--reportformat", "json", "-o", fields, *targets),
-                    absent_rc=(5,), absent_stderr=LVM_ABSENT)
+def report(host: Host, what: str, fields: str, *targets: str) -> list[dict]:
+    res = probe.run(host.runner, lvm(host, what, "--reportformat", "json", "-o", fields,
+                                     *targets), absent_rc=(5,), absent_stderr=LVM_ABSENT)
     if res is None:
         return []
     try:
@@ -60,40 +59,36 @@ def report(runner: Runner, what: str, fields: str, *targets: str) -> list[dict]:
     return rows
 
 
-def lv_info(runner: Runner, vg: str, lv: str) -> dict | None:
-    rows = report(runner, "lvs", "lv_name,lv_attr,segtype,cache_mode,cache_policy,"
+def lv_info(host: Host, vg: str, lv: str) -> dict | None:
+    rows = report(host, "lvs", "lv_name,lv_attr,segtype,cache_mode,cache_policy,"
                   "kernel_cache_settings", f"{vg}/{lv}")
     return rows[0] if rows else None
 
 
-def pv_vg(runner: Runner, node: str) -> str | None:
-    rows = report(runner, "pvs", "pv_name,vg_name", node)
+def pv_vg(host: Host, node: str) -> str | None:
+    rows = report(host, "pvs", "pv_name,vg_name", node)
     return rows[0].get("vg_name") if rows else None
 
 
-def existing_lv(node) -> tuple[str, str] | None:
+def existing_lv(host: Host, node) -> tuple[str, str] | None:
     """(vg, lv) when `node` is an LVM logical volume (device-mapper uuid LVM-...)."""
     if not isinstance(node, str):
         return None
-    base = f"/sys/class/block/{os.path.basename(os.path.realpath(node))}/dm"
-    try:
-        with open(f"{base}/uuid") as f:
-            if not f.read().startswith("LVM-"):
-                return None
-    except OSError:
+    if not (host.read(f"{host.sysfs(node)}/dm/uuid") or "").startswith("LVM-"):
         return None
-    rdev = os.stat(node).st_rdev
-    rows = report(Runner(), "lvs", "vg_name,lv_name", "--select",
-                  f"lv_kernel_major={os.major(rdev)} && lv_kernel_minor={os.minor(rdev)}")
+    major, minor = host.devnum(node).split(":")
+    rows = report(host, "lvs", "vg_name,lv_name", "--select",
+                  f"lv_kernel_major={major} && lv_kernel_minor={minor}")
     return (rows[0]["vg_name"], rows[0]["lv_name"]) if rows else None
 
 
-def names(entry: dict | None, spec_name: str, origin=None) -> tuple[str, str, bool]:
+def names(host: Host, entry: dict | None, spec_name: str,
+          origin=None) -> tuple[str, str, bool]:
     """(volume group, origin LV, adopted) for a cache: from the mapping once built."""
     st = state.of(entry)
     if st.get("vg"):
         return st["vg"], st.get("origin_lv", ORIGIN_LV), bool(st.get("adopted"))
-    found = existing_lv(origin) if origin is not None else None
+    found = existing_lv(host, origin) if origin is not None else None
     if found:
         return found[0], found[1], True
     return vg_name(spec_name), ORIGIN_LV, False
@@ -109,7 +104,7 @@ class LvmCache(Backend):
     def owns(self, entry, dev):
         st = state.of(entry)
         if dev.role == "origin" and dev.fs.get("TYPE") == "xfs":
-            lv = existing_lv(dev.node)
+            lv = existing_lv(self.host, dev.node)
             if lv and st.get("adopted") and lv == (st.get("vg"), st.get("origin_lv")):
                 return True   # the LV this cache adopted (mounted by hotcache since)
             if lv and dev.report is not None and not dev.report.hard_problems():
@@ -120,7 +115,7 @@ class LvmCache(Backend):
         if not vg or not dev.proven or dev.fs.get("TYPE") != "LVM2_member" \
                 or not isinstance(dev.node, str):
             return False
-        return pv_vg(Runner(), dev.node) == vg
+        return pv_vg(self.host, dev.node) == vg
 
     def signature(self, entry, role):
         st = state.of(entry)
@@ -128,52 +123,59 @@ class LvmCache(Backend):
             return ("xfs", (entry or {}).get("filesystem", {}).get("uuid"))
         return ("LVM2_member", (st.get("pv_uuids") or {}).get(role))
 
-    def live(self, entry, runner, nodes):
-        vg, lv, _ = names(entry, (entry.get("spec") or {}).get("name", ""))
-        info = lv_info(runner, vg, lv)
+    def live(self, entry, nodes):
+        vg, lv, _ = names(self.host, entry, (entry.get("spec") or {}).get("name", ""))
+        info = lv_info(self.host, vg, lv)
         if info is None:
             return f"LVM does not see the logical volume {vg}/{lv} (are its disks present?)"
         if info.get("segtype") == "cache" and info["lv_attr"][4:5] != "a":
             return f"the cached logical volume {vg}/{lv} is not active"
         return None
 
+    def _dm_name(self, node: str) -> str:
+        """The device-mapper name of the cached LV (what dmsetup status takes)."""
+        name = self.host.read(f"{self.host.sysfs(node)}/dm/name")
+        if name is None:
+            raise FileNotFoundError(f"{node} is not an active device-mapper device")
+        return name
+
     def adopted_fs_uuid(self, devs):
         origin = devs["origin"]
-        if origin.fs.get("TYPE") == "xfs" and existing_lv(origin.node):
+        if origin.fs.get("TYPE") == "xfs" and existing_lv(self.host, origin.node):
             return origin.fs.get("UUID")
         return None
 
     def keeps_filesystem(self, entry, devs):
-        vg, lv, _ = names(entry, "", devs["origin"].node)
-        return (entry or {}).get("state") == "ready" and lv_info(Runner(), vg, lv) is not None
+        vg, lv, _ = names(self.host, entry, "", devs["origin"].node)
+        return (entry or {}).get("state") == "ready" and lv_info(self.host, vg, lv) is not None
 
     def build(self, p, spec, entry, devs):
-        runner = p.env.runner
+        h = self.host
         origin, cache = devs["origin"], devs["cache"]
-        vg, lv, adopted = names(entry, spec.name, origin.node)
-        info = lv_info(runner, vg, lv)
+        vg, lv, adopted = names(h, entry, spec.name, origin.node)
+        info = lv_info(h, vg, lv)
         mode, policy = spec.effective_mode, spec.tunables.get("policy", "smq")
         settings = _settings(spec.tunables)
-        if adopted and not (isinstance(cache.node, str) and pv_vg(runner, cache.node) == vg):
+        if adopted and not (isinstance(cache.node, str) and pv_vg(h, cache.node) == vg):
             p.run(f"erase old signatures on {cache.ref.label}",
                   ["wipefs", "--all", cache.node], destructive=True)
-            p.run("make the SSD an LVM physical volume", lvm("pvcreate", "--yes", cache.node),
+            p.run("make the SSD an LVM physical volume", lvm(h, "pvcreate", "--yes", cache.node),
                   destructive=True)
             p.run(f"add the SSD to the volume group {vg} of the existing LV {lv}",
-                  lvm("vgextend", "--yes", vg, cache.node))
+                  lvm(h, "vgextend", "--yes", vg, cache.node))
         if info is None and not adopted:
             for dev in (origin, cache):
                 p.run(f"erase old signatures on {dev.ref.label}",
                       ["wipefs", "--all", dev.node], destructive=True)
             p.run("make both devices LVM physical volumes",
-                  lvm("pvcreate", "--yes", origin.node, cache.node), destructive=True)
-            p.run(f"create volume group {vg}", lvm("vgcreate", "--yes", vg, origin.node,
+                  lvm(h, "pvcreate", "--yes", origin.node, cache.node), destructive=True)
+            p.run(f"create volume group {vg}", lvm(h, "vgcreate", "--yes", vg, origin.node,
                                                    cache.node))
             p.run(f"create the origin LV {vg}/{lv} on the whole origin",
-                  lvm("lvcreate", "--yes", "--name", lv, "--extents", "100%PVS", vg,
+                  lvm(h, "lvcreate", "--yes", "--name", lv, "--extents", "100%PVS", vg,
                       origin.node))
         elif info is not None and info["lv_attr"][4:5] != "a":
-            p.run(f"activate volume group {vg}", lvm("vgchange", "--activate", "y", vg))
+            p.run(f"activate volume group {vg}", lvm(h, "vgchange", "--activate", "y", vg))
         if not state.of(entry).get("vg"):
             state.remember(p, f"record volume group {vg} in the mapping",
                            lambda ctx: {"vg": vg, "origin_lv": lv, "adopted": adopted})
@@ -183,66 +185,65 @@ class LvmCache(Backend):
             if info.get("cache_mode") != mode:
                 p.run(f"change the cache mode to {mode} in place "
                       f"(was {info.get('cache_mode')})",
-                      lvm("lvchange", "--yes", "--cachemode", mode, f"{vg}/{lv}"))
+                      lvm(h, "lvchange", "--yes", "--cachemode", mode, f"{vg}/{lv}"))
             have = dict(kv.split("=", 1) for kv in
                         (info.get("kernel_cache_settings") or "").split(",") if "=" in kv)
             if info.get("cache_policy") != policy or any(have.get(k) != v for k, v in
                                                          settings.items()):
                 p.run(f"change the cache policy to {policy} in the LVM metadata",
-                      lvm("lvchange", "--yes", "--cachepolicy", policy,
+                      lvm(h, "lvchange", "--yes", "--cachepolicy", policy,
                           *_settings_args(settings), f"{vg}/{lv}"))
                 p.run("load it into the active cache in place (lvchange alone does not)",
-                      lvm("lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
+                      lvm(h, "lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
         return f"/dev/{vg}/{lv}"
 
     def _attach(self, p, spec, vg, lv, cache, mode, policy, settings) -> None:
         """Put a cache volume on the SSD and attach it to the origin LV; lvconvert keeps
         the LV's content."""
-        cvol = cache_lv(lv)
-        if not report(p.env.runner, "lvs", "lv_name", f"{vg}/{cvol}"):
+        cvol, h = cache_lv(lv), self.host
+        if not report(self.host, "lvs", "lv_name", f"{vg}/{cvol}"):
             p.run(f"create the cache volume {vg}/{cvol} on the whole SSD",
-                  lvm("lvcreate", "--yes", "--name", cvol, "--extents", "100%PVS", vg,
+                  lvm(h, "lvcreate", "--yes", "--name", cvol, "--extents", "100%PVS", vg,
                       cache.node))
         chunk = spec.tunables.get("chunk_size")
         p.run(f"attach {vg}/{cvol} as a {mode} cache of {vg}/{lv}",
-              lvm("lvconvert", "--yes", "--type", "cache", "--cachevol", f"{vg}/{cvol}",
+              lvm(h, "lvconvert", "--yes", "--type", "cache", "--cachevol", f"{vg}/{cvol}",
                   "--cachemode", mode, "--cachepolicy", policy,
                   *(["--chunksize", f"{int(chunk) // 1024}k"] if chunk else []),
                   *_settings_args(settings), f"{vg}/{lv}"))
 
-    def stats(self, entry, runner, nodes):
-        vg, lv, _ = names(entry, entry["spec"]["name"])
-        st = os.stat(f"/dev/{vg}/{lv}")
-        res = runner.run(["dmsetup", "status", "-j", str(os.major(st.st_rdev)),
-                          "-m", str(os.minor(st.st_rdev))])
+    def stats(self, entry, nodes):
+        vg, lv, _ = names(self.host, entry, entry["spec"]["name"])
+        major, minor = self.host.devnum(f"/dev/{vg}/{lv}").split(":")
+        res = self.host.runner.run(["dmsetup", "status", "-j", major, "-m", minor])
         return cache_stats(parse_status(res.stdout))
 
     def dismantle(self, p, entry, nodes):
-        from hotcache.provision.backends.dmcache import MIN_MIGRATION, ensure_writeback, wait_clean
-
-        vg, lv, _ = names(entry, p.cache)
-        info = lv_info(p.env.runner, vg, lv)
+        h = self.host
+        vg, lv, _ = names(h, entry, p.cache)
+        info = lv_info(h, vg, lv)
         if info is not None and info.get("segtype") == "cache":
             node = f"/dev/{vg}/{lv}"
             p.run("switch the cache to the cleaner policy, which writes every dirty block "
-                  "back to the origin", lvm("lvchange", "--yes", "--cachepolicy", "cleaner",
+                  "back to the origin", lvm(h, "lvchange", "--yes", "--cachepolicy", "cleaner",
                                             "--cachesettings", "migration_threshold=2048",
                                             f"{vg}/{lv}"))
             p.run("load the cleaner into the active cache (lvchange alone does not)",
-                  lvm("lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
+                  lvm(h, "lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
             p.do(f"check that the loaded table can write back (migration_threshold at "
                  f"least {MIN_MIGRATION})",
-                 lambda ctx: ctx.runner.dry_run or ensure_writeback(_dm_name(node), ctx.runner,
+                 lambda ctx: ctx.runner.dry_run or ensure_writeback(self._dm_name(node),
+                                                                    ctx.runner,
                                                                     need_cleaner=False))
             p.do("wait until the cache holds 0 dirty blocks",
-                 lambda ctx: ctx.runner.dry_run or wait_clean(_dm_name(node), ctx.runner))
+                 lambda ctx: ctx.runner.dry_run or wait_clean(self._dm_name(node), ctx.runner))
             p.run(f"detach and remove the cache volume (lvm flushes it first); "
                   f"{vg}/{lv} keeps the data",
-                  lvm("lvconvert", "--yes", "--uncache", f"{vg}/{lv}"))
+                  lvm(h, "lvconvert", "--yes", "--uncache", f"{vg}/{lv}"))
         ssd = nodes.get("cache")
-        if ssd and pv_vg(p.env.runner, ssd) == vg:
-            p.run(f"take the SSD {ssd} out of {vg}", lvm("vgreduce", "--yes", vg, ssd))
-            p.run(f"remove the LVM label from {ssd}", lvm("pvremove", "--yes", ssd))
+        if ssd and pv_vg(h, ssd) == vg:
+            p.run(f"take the SSD {ssd} out of {vg}", lvm(h, "vgreduce", "--yes", vg, ssd))
+            p.run(f"remove the LVM label from {ssd}", lvm(h, "pvremove", "--yes", ssd))
         p.plan.notes.append(f"the data stays in /dev/{vg}/{lv} on the origin")
 
 
@@ -256,9 +257,3 @@ def _settings_args(settings: dict) -> list[str]:
     if not settings:
         return []
     return ["--cachesettings", " ".join(f"{k}={v}" for k, v in settings.items())]
-
-
-def _dm_name(node: str) -> str:
-    kname = os.path.basename(os.path.realpath(node))
-    with open(f"/sys/class/block/{kname}/dm/name") as f:
-        return f.read().strip()

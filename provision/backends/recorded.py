@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hotcache.provision.backends import BACKENDS, get
 from hotcache.provision.block import identity
-from hotcache.provision.block.identity import HOST, Roots, Seen
-from hotcache.provision.system.runner import Runner
+from hotcache.provision.block.host import Host
+from hotcache.provision.block.identity import Seen
 
 
 @dataclass
@@ -26,18 +27,12 @@ class Found:
     problem: str | None = None   # why no device can be used (a refusal)
 
 
-def expected_signature(entry: dict, role: str) -> tuple | None:
+def expected_signature(entry: dict, role: str, host: Host) -> tuple | None:
     """The signature hotcache wrote on the device, as (TYPE, UUID): () when it wrote none
     that blkid sees, None when it cannot say (an apply that did not finish)."""
-    from hotcache.provision.backends import get
-
-    if entry.get("state") != "ready":
+    if entry.get("state") != "ready" or entry.get("backend") not in BACKENDS:
         return None
-    try:
-        backend = get(entry.get("backend", ""))
-    except KeyError:
-        return None
-    return backend.signature(entry, role)
+    return get(entry["backend"], host).signature(entry, role)
 
 
 def describe_recorded(info: dict) -> str:
@@ -55,25 +50,24 @@ def describe_recorded(info: dict) -> str:
     return f"{info.get('node', '?')} when recorded ({', '.join(bits) or 'no stable identity recorded'})"
 
 
-def _loop_name(image: str, roots: Roots) -> str | None:
-    for entry in sorted(roots.sys_block.glob("loop*/loop/backing_file")):
+def _loop_name(image: str, host: Host) -> str | None:
+    for entry in sorted(host.roots.sys_block.glob("loop*/loop/backing_file")):
         if entry.read_text().strip() == image:
             return entry.parent.parent.name
     return None
 
 
-def locate(entry: dict, role: str, runner: Runner, roots: Roots = HOST, *,
-           cache: str = "") -> Found:
+def locate(entry: dict, role: str, host: Host, *, cache: str = "") -> Found:
     info = (entry.get("devices") or {}).get(role) or {}
     found = Found(role)
     if not info:
         return found
-    expected = expected_signature(entry, role)
+    expected = expected_signature(entry, role, host)
     what = f"the {role} device of {cache}" if cache else f"the {role} device"
     tried: dict[str, str] = {}        # kernel name -> the recorded name that led to it
     image = info.get("loop_file") or (info.get("identity") or {}).get("backing_file")
     if image:
-        name = _loop_name(image, roots)
+        name = _loop_name(image, host)
         if name:
             tried[name] = f"loop image {image}"
     # A loop image hotcache attached itself is found by its file alone: the loop device
@@ -81,13 +75,13 @@ def locate(entry: dict, role: str, runner: Runner, roots: Roots = HOST, *,
     names = [] if info.get("loop_file") else [
         *identity.stable_links(info.get("by_id") or []), info.get("path"), info.get("node")]
     for label in names:
-        name = identity.kname(label, roots) if label else None
+        name = identity.kname(label, host) if label else None
         if name and name not in tried:
             tried[name] = label
     wrong: list[tuple[str, Seen, identity.Verdict]] = []
     unproven: list[tuple[str, Seen]] = []
     for name, label in tried.items():
-        seen = identity.probe(name, runner, roots)
+        seen = identity.probe(name, host)
         verdict = identity.compare(info, seen, expected)
         if verdict.match:
             found.node, found.seen = seen.node, seen
@@ -98,10 +92,10 @@ def locate(entry: dict, role: str, runner: Runner, roots: Roots = HOST, *,
             unproven.append((label, seen))
     if found.node is None and not image:
         matches = []
-        for name in identity.candidates(info, roots):
-            if name in tried or identity.stacked(name, roots):
+        for name in identity.candidates(info, host):
+            if name in tried or identity.stacked(name, host):
                 continue
-            seen = identity.probe(name, runner, roots)
+            seen = identity.probe(name, host)
             if identity.compare(info, seen, expected).match:
                 matches.append(seen)
         if len(matches) == 1:
@@ -128,22 +122,20 @@ def locate(entry: dict, role: str, runner: Runner, roots: Roots = HOST, *,
     return found
 
 
-def current_node(entry: dict, role: str = "origin", runner: Runner | None = None,
-                 roots: Roots = HOST) -> str | None:
+def current_node(entry: dict, role: str, host: Host) -> str | None:
     """The recorded device's node now, or None when it is not present or not provably
     the recorded one (read-only callers: status, statistics)."""
     try:
-        return locate(entry, role, runner or Runner(), roots).node
+        return locate(entry, role, host).node
     except OSError:
         return None
 
 
-def require(entry: dict, role: str, runner: Runner, roots: Roots = HOST, *,
-            cache: str = "") -> Found:
+def require(entry: dict, role: str, host: Host, *, cache: str = "") -> Found:
     """locate(), for callers that write: a device that cannot be proven is an error."""
     from hotcache.provision.errors import RefusedError
 
-    found = locate(entry, role, runner, roots, cache=cache)
+    found = locate(entry, role, host, cache=cache)
     if found.problem:
         raise RefusedError(found.problem, hint="put the recorded disk back (or let udev "
                            "settle), then run the command again; `hotcache status` names "

@@ -11,52 +11,33 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hotcache.provision.block import probe
+from hotcache.provision.block.host import Host
 from hotcache.provision.errors import ProbeFailed
-from hotcache.provision.system import mountinfo
 from hotcache.provision.system.mountinfo import Mount
-from hotcache.provision.system.runner import Runner
-
-SYS_BLOCK = Path("/sys/class/block")
 
 
-def mounts() -> list[Mount]:
-    """/proc/self/mountinfo: the kernel's own view, with major:minor numbers."""
-    return mountinfo.read()
-
-
-def mount_at(mountpoint: str) -> Mount | None:
-    target = os.path.realpath(mountpoint)
-    found = [m for m in mounts() if m.mountpoint == target]
+def mount_at(host: Host, mountpoint: str) -> Mount | None:
+    target = host.realpath(mountpoint)
+    found = [m for m in host.mounts() if m.mountpoint == target]
     return found[-1] if found else None
 
 
-def devnum(node: str) -> str:
-    dev = sysfs(node) / "dev"
-    if dev.exists():
-        return dev.read_text().strip()
-    st = os.stat(node)
-    return f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+def sysfs(host: Host, node: str) -> Path:
+    """The local folder of /sys/class/block/<kernel name> of `node`."""
+    return host.path(host.sysfs(node))
 
 
-def kname(node: str) -> str:
-    return os.path.basename(os.path.realpath(node))
+def size_bytes(host: Host, node: str) -> int:
+    return int((sysfs(host, node) / "size").read_text()) * 512
 
 
-def sysfs(node: str) -> Path:
-    return SYS_BLOCK / kname(node)
-
-
-def size_bytes(node: str) -> int:
-    return int((sysfs(node) / "size").read_text()) * 512
-
-
-def holders(node: str) -> list[str]:
-    d = sysfs(node) / "holders"
+def holders(host: Host, node: str) -> list[str]:
+    d = sysfs(host, node) / "holders"
     return sorted(os.listdir(d)) if d.is_dir() else []
 
 
-def rotational(node: str) -> bool | None:
-    p = sysfs(node)
+def rotational(host: Host, node: str) -> bool | None:
+    p = sysfs(host, node)
     # Partitions have no queue/ of their own: ask the parent disk.
     q = p / "queue" / "rotational"
     if not q.exists():
@@ -64,20 +45,17 @@ def rotational(node: str) -> bool | None:
     return q.read_text().strip() == "1" if q.exists() else None
 
 
-def mountpoints_of(node: str) -> list[str]:
+def mountpoints_of(host: Host, node: str) -> list[str]:
     """Mounts of the device itself and of its partitions."""
-    nums = {devnum(node)}
-    base = sysfs(node)
+    nums = {host.devnum(node)}
+    base = sysfs(host, node)
     for child in base.iterdir() if base.is_dir() else []:
         dev = child / "dev"
         if (child / "partition").exists() and dev.exists():
             nums.add(dev.read_text().strip())
-    return [m.mountpoint for m in mounts() if m.source_dev in nums]
+    return [m.mountpoint for m in host.mounts() if m.source_dev in nums]
 
 
-SYS_DEV_BLOCK = Path("/sys/dev/block")
-SYS_FS_BTRFS = Path("/sys/fs/btrfs")
-PROC_SWAPS = Path("/proc/swaps")
 # Root filesystems that live on no local disk: nothing to protect.
 DISKLESS_ROOTS = {"tmpfs", "ramfs", "rootfs", "nfs", "nfs4", "9p", "virtiofs", "cifs", "smb3"}
 
@@ -89,13 +67,13 @@ class RootDevices(set):
     unknown: str | None = None
 
 
-def root_devices(runner: Runner | None = None) -> RootDevices:
+def root_devices(host: Host) -> RootDevices:
     """The device holding / and every device beneath it (partition -> disk, dm/md ->
     slaves), through btrfs (all its devices), overlay (the filesystems of its upper and
     lower folders) and ZFS (the pool's members)."""
     roots = RootDevices()
     try:
-        _devices_under("/", roots, runner or Runner(), depth=0)
+        _devices_under(host, "/", roots, depth=0)
     except _Unknown as exc:
         roots.unknown = str(exc)
     return roots
@@ -105,23 +83,23 @@ class _Unknown(Exception):
     pass
 
 
-def _devices_under(path: str, roots: set[str], runner: Runner, depth: int,
+def _devices_under(host: Host, path: str, roots: set[str], depth: int,
                    above: Mount | None = None) -> None:
-    mnt = _mount_containing(path)
+    mnt = _mount_containing(host, path)
     if mnt is None:
         raise _Unknown(f"no mount holds {path}")
     if mnt == above or depth > 8:
         raise _Unknown(f"the folders under the {above.fstype} on {above.mountpoint} are on "
                        "no filesystem visible here (a container?)")
-    link = SYS_DEV_BLOCK / mnt.source_dev
+    link = host.path(f"/sys/dev/block/{mnt.source_dev}")
     if link.exists():
         return _walk(link.resolve(), roots)
     fstype = mnt.fstype
     if fstype in DISKLESS_ROOTS or fstype.startswith("fuse."):
         return None
     if fstype == "btrfs":
-        member = kname(mnt.source)
-        for fs in SYS_FS_BTRFS.glob("*/devices"):
+        member = host.kname(mnt.source)
+        for fs in host.path("/sys/fs/btrfs").glob("*/devices"):
             names = {d.name for d in fs.iterdir()}
             if member in names:
                 for d in fs.iterdir():
@@ -136,11 +114,11 @@ def _devices_under(path: str, roots: set[str], runner: Runner, depth: int,
             raise _Unknown(f"overlay on {mnt.mountpoint} shows no upper or lower folder")
         for folders in dirs:
             for folder in folders.split(":"):
-                _devices_under(folder, roots, runner, depth + 1, mnt)
+                _devices_under(host, folder, roots, depth + 1, mnt)
         return None
     if fstype == "zfs":
         pool = mnt.source.split("/")[0]
-        res = probe.run(runner, ["lsblk", "--json", "--output", "KNAME,FSTYPE,LABEL"])
+        res = probe.run(host.runner, ["lsblk", "--json", "--output", "KNAME,FSTYPE,LABEL"])
         rows = probe.json_doc(res).get("blockdevices")
         if not isinstance(rows, list):
             raise ProbeFailed(res.argv, 0, res.stderr, why="its JSON has no blockdevices list")
@@ -150,15 +128,15 @@ def _devices_under(path: str, roots: set[str], runner: Runner, depth: int,
             raise _Unknown(f"zfs pool {pool} on {mnt.mountpoint}: lsblk shows none of its "
                            "member devices")
         for name in members:
-            _walk((SYS_BLOCK / name).resolve(), roots)
+            _walk(host.path(f"/sys/class/block/{name}").resolve(), roots)
         return None
     raise _Unknown(f"{fstype} on {mnt.mountpoint} ({mnt.source}) names no block device")
 
 
-def _mount_containing(path: str) -> Mount | None:
+def _mount_containing(host: Host, path: str) -> Mount | None:
     target = os.path.normpath(path)
     best = None
-    for m in mounts():
+    for m in host.mounts():
         mp = m.mountpoint.rstrip("/") or "/"
         if target == mp or target.startswith(mp.rstrip("/") + "/"):
             if best is None or len(mp) >= len(best.mountpoint.rstrip("/") or "/"):
@@ -187,54 +165,52 @@ IN_USE_TYPES = {"LVM2_member": "an LVM physical volume", "linux_raid_member":
                 "zfs_member": "a ZFS pool member", "bcache": "a bcache device"}
 
 
-def partitions(node: str) -> list[str]:
+def partitions(host: Host, node: str) -> list[str]:
     """Kernel names of the partitions of a whole disk (sysfs lists them inside it)."""
-    base = sysfs(node)
+    base = sysfs(host, node)
     if not base.is_dir():
         return []
     return sorted(c.name for c in base.iterdir() if (c / "partition").exists())
 
 
-def active_swaps() -> set[str]:
+def active_swaps(host: Host) -> set[str]:
     try:
-        lines = PROC_SWAPS.read_text().splitlines()[1:]
+        lines = host.path("/proc/swaps").read_text().splitlines()[1:]
     except FileNotFoundError:
         return set()
-    return {kname(line.split()[0]) for line in lines if line.strip()}
+    return {host.kname(line.split()[0]) for line in lines if line.strip()}
 
 
-def partitions_in_use(node: str, runner: Runner) -> list[str]:
+def partitions_in_use(host: Host, node: str) -> list[str]:
     """Why partitions of `node` are in use: holders (an active LV, md, dm-crypt, bcache),
     active swap, or a signature saying it belongs to LVM, md, LUKS, swap or ZFS. Mounts
     are in mountpoints_of. Any of these refuses the whole disk, even with wipe: true."""
-    swaps = active_swaps()
+    swaps = active_swaps(host)
     out = []
-    for part in partitions(node):
+    for part in partitions(host, node):
         dev = f"/dev/{part}"
-        held = holders(dev)
+        held = holders(host, dev)
         if held:
             out.append(f"its partition {dev} is in use by {', '.join(held)} (holders)")
         if part in swaps:
             out.append(f"its partition {dev} is active swap")
-        kind = IN_USE_TYPES.get(fs_identity(dev, runner).get("TYPE", ""))
+        kind = IN_USE_TYPES.get(fs_identity(host, dev).get("TYPE", ""))
         if kind:
             out.append(f"its partition {dev} is {kind}")
     return out
 
 
-def by_id_links(node: str) -> list[str]:
-    d = Path("/dev/disk/by-id")
-    if not d.is_dir():
-        return []
-    target = os.path.realpath(node)
-    return sorted(str(p) for p in d.iterdir() if os.path.realpath(p) == target)
+def by_id_links(host: Host, node: str) -> list[str]:
+    target = host.realpath(node)
+    return [f"/dev/disk/by-id/{name}" for name in host.listdir("/dev/disk/by-id")
+            if host.realpath(f"/dev/disk/by-id/{name}") == target]
 
 
-def signatures(node: str, runner: Runner) -> list[dict]:
+def signatures(host: Host, node: str) -> list[dict]:
     """Every signature `wipefs` sees: filesystems, RAID, LVM, bcache, partition tables.
     wipefs prints nothing (older) or an empty list for a blank device; any failure, or
     output that is not its JSON, raises ProbeFailed."""
-    res = probe.run(runner, ["wipefs", "--no-act", "--json", node])
+    res = probe.run(host.runner, ["wipefs", "--no-act", "--json", node])
     if not res.stdout.strip():
         return []
     sigs = probe.json_doc(res).get("signatures")
@@ -243,14 +219,14 @@ def signatures(node: str, runner: Runner) -> list[dict]:
     return sigs
 
 
-def fs_identity(node: str, runner: Runner) -> dict:
+def fs_identity(host: Host, node: str) -> dict:
     """TYPE, UUID, LABEL as blkid reads them from the device itself (no cache). blkid
     exits 2 for "nothing found" and, silently, for a device it could not open: only a
     quiet exit 2 on a device we can open reads as blank."""
     argv = ["blkid", "--probe", "--output", "export", node]
-    res = probe.run(runner, argv, absent_rc=(2,))
+    res = probe.run(host.runner, argv, absent_rc=(2,))
     if res is None:
-        if probe.readable(node):
+        if probe.readable(host.path(node)):
             return {}
         raise ProbeFailed(argv, 2, "", why=f"it found nothing and {node} cannot be opened")
     info = {}
@@ -266,10 +242,10 @@ def fs_identity(node: str, runner: Runner) -> dict:
 
 # --- loop devices ---------------------------------------------------------------
 
-def loop_for_file(image: str) -> str | None:
+def loop_for_file(host: Host, image: str) -> str | None:
     """The /dev/loopN whose backing file is `image`, from sysfs; None if not attached."""
     target = os.path.realpath(image)
-    for entry in sorted(SYS_BLOCK.glob("loop*/loop/backing_file")):
+    for entry in sorted(host.path("/sys/class/block").glob("loop*/loop/backing_file")):
         try:
             backing = entry.read_text().strip()
         except FileNotFoundError:      # detached between the listing and the read
@@ -279,8 +255,8 @@ def loop_for_file(image: str) -> str | None:
     return None
 
 
-def loop_backing_file(node: str) -> str | None:
-    f = sysfs(node) / "loop" / "backing_file"
+def loop_backing_file(host: Host, node: str) -> str | None:
+    f = sysfs(host, node) / "loop" / "backing_file"
     return f.read_text().strip() if f.exists() else None
 
 
@@ -337,23 +313,23 @@ class DeviceReport:
                 "problems": self.problems()}
 
 
-def report(node: str, runner: Runner, *, roots: set[str] | None = None,
+def report(host: Host, node: str, *, roots: set[str] | None = None,
            strict: bool = True) -> DeviceReport:
     """The device as it is. A failed signature probe raises (strict: planning) or is
     noted in `unreadable`, which makes the device unsafe (listing devices)."""
-    roots = root_devices(runner) if roots is None else roots
+    roots = root_devices(host) if roots is None else roots
     unreadable, in_use = None, []
     try:
-        sigs = signatures(node, runner)
-        in_use = partitions_in_use(node, runner)
-        if kname(node) in active_swaps():
+        sigs = signatures(host, node)
+        in_use = partitions_in_use(host, node)
+        if host.kname(node) in active_swaps(host):
             in_use.append("it is active swap")
     except ProbeFailed as exc:
         if strict:
             raise
         sigs, unreadable = [], exc.message
-    name = kname(node)
-    base = sysfs(node)
+    name = host.kname(node)
+    base = sysfs(host, node)
 
     def attr(*rel: str) -> str | None:
         for r in rel:
@@ -363,10 +339,10 @@ def report(node: str, runner: Runner, *, roots: set[str] | None = None,
         return None
 
     return DeviceReport(
-        node=f"/dev/{name}", size=size_bytes(node), rotational=rotational(node),
+        node=f"/dev/{name}", size=size_bytes(host, node), rotational=rotational(host, node),
         model=attr("device/model"), serial=attr("device/serial", "serial"),
-        by_id=by_id_links(node), signatures=sigs, unreadable=unreadable,
-        mountpoints=mountpoints_of(node), holders=holders(node),
-        loop_file=loop_backing_file(node), holds_root=name in roots,
+        by_id=by_id_links(host, node), signatures=sigs, unreadable=unreadable,
+        mountpoints=mountpoints_of(host, node), holders=holders(host, node),
+        loop_file=loop_backing_file(host, node), holds_root=name in roots,
         root_unknown=getattr(roots, "unknown", None), in_use=in_use,
     )

@@ -9,34 +9,23 @@ device's backing file) and found again by them; the signature hotcache itself wr
 
 `probe` reads one device; `compare` tells whether a device is the recorded one (match),
 provably another (conflict, with the reasons), or cannot be told (unproven); `find`
-looks through every block device of the host for the recorded one. The roots are
-parameters so that tests can point them at a fake sysfs/udev tree.
+looks through every block device of the host for the recorded one. Everything is read
+through a Host (block/host.py), so tests point it at a fake sysfs/udev tree.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from hotcache.provision.system.runner import Runner
+from hotcache.provision.block.blockdev import fs_identity
+from hotcache.provision.block.host import Host, Roots
 
 # by-id links that name what a device holds (a PV or md signature, a dm table's name)
 # rather than the device itself: they appear and vanish with hotcache's own steps.
 NOT_IDENTITY = ("lvm-pv-uuid-", "dm-name-", "md-name-")
 # The keys recorded in the mapping, per device, under `identity`.
 KEYS = ("wwn", "serial", "partuuid", "partn")
-
-
-@dataclass
-class Roots:
-    sys_block: Path = Path("/sys/class/block")
-    by_id: Path = Path("/dev/disk/by-id")
-    udev_data: Path = Path("/run/udev/data")
-    dev: Path = Path("/dev")
-
-
-HOST = Roots()
 
 
 @dataclass
@@ -66,7 +55,7 @@ class Seen:
         return f"{self.node} ({', '.join(bits)})"
 
 
-def _read(path: Path) -> str | None:
+def _read(path) -> str | None:
     try:
         return path.read_text().strip() or None
     except OSError:
@@ -84,9 +73,10 @@ def _udev(roots: Roots, devnum: str | None) -> dict[str, str]:
     return props
 
 
-def kname(path: str, roots: Roots = HOST) -> str | None:
+def kname(path: str, host: Host) -> str | None:
     """The kernel name a /dev path (node, by-id or mapper link) names now, or None when
-    no such block device exists. Paths are read beneath `roots.dev`."""
+    no such block device exists. Paths are read beneath the host's /dev."""
+    roots = host.roots
     rel = os.path.relpath(os.path.normpath(path), "/dev")
     if rel.startswith(".."):
         return None
@@ -99,17 +89,18 @@ def stable_links(links: list[str]) -> list[str]:
                   if not os.path.basename(link).startswith(NOT_IDENTITY))
 
 
-def links_to(name: str, roots: Roots = HOST) -> list[str]:
-    d = roots.by_id
+def links_to(name: str, host: Host) -> list[str]:
+    d = host.roots.by_id
     if not d.is_dir():
         return []
     return sorted(f"/dev/disk/by-id/{p.name}" for p in d.iterdir()
                   if os.path.basename(os.path.realpath(p)) == name)
 
 
-def hardware(name: str, roots: Roots = HOST) -> tuple[int, dict, list[str], str | None]:
+def hardware(name: str, host: Host) -> tuple[int, dict, list[str], str | None]:
     """(size, identity keys, stable by-id links, loop backing file) of kernel device
     `name`, from sysfs and udev's database (no subprocess)."""
+    roots = host.roots
     base = roots.sys_block / name
     size = int(_read(base / "size") or 0) * 512
     props = _udev(roots, _read(base / "dev"))
@@ -127,23 +118,17 @@ def hardware(name: str, roots: Roots = HOST) -> tuple[int, dict, list[str], str 
     }
     loop_file = _read(base / "loop" / "backing_file")
     return size, {k: v for k, v in ident.items() if v is not None}, \
-        stable_links(links_to(name, roots)), loop_file
+        stable_links(links_to(name, host)), loop_file
 
 
-def signature(node: str, runner: Runner) -> dict[str, str]:
-    """blkid's low-level probe of the device itself: TYPE, UUID, PART_ENTRY_UUID. A
-    failing blkid is an error (blockdev.fs_identity), never "blank"."""
-    from hotcache.provision.block.blockdev import fs_identity
-
-    return fs_identity(node, runner)
-
-
-def probe(name: str, runner: Runner, roots: Roots = HOST, *, signatures: bool = True) -> Seen:
-    """Kernel device `name` (vda, dm-3, loop0) as it is now."""
-    size, ident, links, loop_file = hardware(name, roots)
+def probe(name: str, host: Host, *, signatures: bool = True) -> Seen:
+    """Kernel device `name` (vda, dm-3, loop0) as it is now. Its signature is blkid's
+    low-level probe of the device itself; a failing blkid is an error
+    (blockdev.fs_identity), never "blank"."""
+    size, ident, links, loop_file = hardware(name, host)
     seen = Seen(f"/dev/{name}", size, links, ident, loop_file)
     if signatures:
-        sig = signature(str(roots.dev / name), runner)
+        sig = fs_identity(host, f"/dev/{name}")
         seen.sig_type, seen.sig_uuid = sig.get("TYPE"), sig.get("UUID")
         if "partuuid" not in ident and sig.get("PART_ENTRY_UUID"):
             seen.identity["partuuid"] = sig["PART_ENTRY_UUID"]
@@ -221,17 +206,17 @@ def compare(recorded: dict, seen: Seen, expected_sig: tuple | None = None) -> Ve
     return v
 
 
-def all_devices(roots: Roots = HOST) -> list[str]:
-    d = roots.sys_block
+def all_devices(host: Host) -> list[str]:
+    d = host.roots.sys_block
     return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
 
 
-def candidates(recorded: dict, roots: Roots = HOST) -> list[str]:
+def candidates(recorded: dict, host: Host) -> list[str]:
     """Kernel names worth probing for the recorded device: those whose size and hardware
     identity do not already rule them out (no subprocess)."""
     out = []
-    for name in all_devices(roots):
-        size, ident, links, loop_file = hardware(name, roots)
+    for name in all_devices(host):
+        size, ident, links, loop_file = hardware(name, host)
         seen = Seen(f"/dev/{name}", size, links, ident, loop_file)
         v = compare(recorded, seen)
         if not v.conflict:
@@ -239,8 +224,8 @@ def candidates(recorded: dict, roots: Roots = HOST) -> list[str]:
     return out
 
 
-def stacked(name: str, roots: Roots = HOST) -> bool:
+def stacked(name: str, host: Host) -> bool:
     """A device built on others (dm, md, bcache): it shows what is on its slaves, so a
     signature seen through it proves nothing about which disk it is."""
-    slaves = roots.sys_block / name / "slaves"
+    slaves = host.roots.sys_block / name / "slaves"
     return slaves.is_dir() and any(slaves.iterdir())

@@ -19,12 +19,13 @@ from pathlib import Path
 from hotcache.provision import mapping
 from hotcache.provision.backends import recorded
 from hotcache.provision.block import blockdev, identity
+from hotcache.provision.block.host import Host
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
 from hotcache.provision.errors import KernelUnsupported, ProbeFailed, RefusedError
 from hotcache.provision.engine import images, owners
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
-from hotcache.provision.system.runner import Runner, require
+from hotcache.provision.system.runner import Runner
 from hotcache.provision.engine import bootunit
 from hotcache.provision.engine.spec import (MIN_XFS_BYTES, CacheSpec, DeviceRef, HostSpec,
                                             without_wipe)
@@ -37,6 +38,13 @@ class Env:
     runner: Runner
     state: Path
     fstab: Path
+    # Every read of the machine while planning goes through it (the real host on
+    # `runner`, unless a test hands a fake one).
+    host: Host = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.host is None:
+            self.host = Host(self.runner)
 
 
 @dataclass
@@ -101,13 +109,13 @@ def fs_label(spec: CacheSpec) -> str:
 # --- resolving devices ------------------------------------------------------------
 
 def resolve(p: Planner, role: str, ref: DeviceRef, roots: set[str]) -> Device:
-    runner = p.env.runner
+    host = p.env.host
     if ref.loop is None:
-        node = os.path.realpath(ref.path)
-        rep = blockdev.report(node, runner, roots=roots, strict=False)
-        return Device(role, ref, node, True, rep.size, rep, _fs(node, rep, runner))
+        node = host.realpath(ref.path)
+        rep = blockdev.report(host, node, roots=roots, strict=False)
+        return Device(role, ref, node, True, rep.size, rep, _fs(host, node, rep))
     image = ref.loop.file
-    node = blockdev.loop_for_file(image)
+    node = blockdev.loop_for_file(host, image)
     held = _image_data(image)
     if os.path.exists(image) and os.path.getsize(image) != ref.loop.bytes:
         p.plan.notes.append(f"{p.cache}.{role}: image {image} is "
@@ -115,14 +123,14 @@ def resolve(p: Planner, role: str, ref: DeviceRef, roots: set[str]) -> Device:
                             f"{ref.loop.size}; it is used at its present size (hotcache does "
                             "not resize an existing image)")
     if node:
-        rep = blockdev.report(node, runner, roots=roots, strict=False)
-        return Device(role, ref, node, True, rep.size, rep, _fs(node, rep, runner),
+        rep = blockdev.report(host, node, roots=roots, strict=False)
+        return Device(role, ref, node, True, rep.size, rep, _fs(host, node, rep),
                       image_data=held)
     placeholder = Ref(f"loop:{image}", f"<loop device of {image}>")
     if os.path.exists(image):
         size = os.path.getsize(image)
-        sigs = blockdev.signatures(image, runner)
-        fs = blockdev.fs_identity(image, runner)
+        sigs = blockdev.signatures(host, image)
+        fs = blockdev.fs_identity(host, image)
     else:
         size, sigs, fs = ref.loop.bytes, [], {}
         p.run(f"create sparse image {image} ({ref.loop.size})",
@@ -132,11 +140,11 @@ def resolve(p: Planner, role: str, ref: DeviceRef, roots: set[str]) -> Device:
     return Device(role, ref, placeholder, False, size, None, fs, sigs, image_data=held)
 
 
-def _fs(node: str, rep: blockdev.DeviceReport, runner: Runner) -> dict:
+def _fs(host: Host, node: str, rep: blockdev.DeviceReport) -> dict:
     """blkid's view of the device. When blkid cannot read a device that is refused anyway
     (root, mounted, held), the refusal, not the failed probe, is what is said."""
     try:
-        return blockdev.fs_identity(node, runner)
+        return blockdev.fs_identity(host, node)
     except ProbeFailed:
         if rep.hard_problems():
             return {}
@@ -157,7 +165,7 @@ def resolve_recorded(p: Planner, role: str, ref: DeviceRef, entry: dict,
                      roots: set[str]) -> Device | None:
     """A device of a cache already in the mapping, found by its recorded identity, never
     by the name in the spec; None (with a refusal) when it cannot be proven."""
-    found = recorded.locate(entry, role, p.env.runner, cache=p.cache)
+    found = recorded.locate(entry, role, p.env.host, cache=p.cache)
     at = f"{p.cache}.{role}"
     if found.problem:
         p.refuse(f"{at}: {found.problem}")
@@ -173,7 +181,7 @@ def resolve_recorded(p: Planner, role: str, ref: DeviceRef, entry: dict,
         p.refuse(f"{at}: the device it was built on, {recorded.describe_recorded(info)}, is "
                  "not present under any name")
         return None
-    named = _named_now(ref)
+    named = _named_now(p.env.host, ref)
     if named != found.node:
         info = entry["devices"][role]
         same_ref = ref.path == info.get("path") if ref.path else \
@@ -188,16 +196,16 @@ def resolve_recorded(p: Planner, role: str, ref: DeviceRef, entry: dict,
                                 f"device {p.cache} was built on; using "
                                 f"{found.seen.describe()}, found by its identity")
     node = found.node
-    rep = blockdev.report(node, p.env.runner, roots=roots)
-    return Device(role, ref, node, True, rep.size, rep, _fs(node, rep, p.env.runner),
+    rep = blockdev.report(p.env.host, node, roots=roots)
+    return Device(role, ref, node, True, rep.size, rep, _fs(p.env.host, node, rep),
                   proven=True)
 
 
-def _named_now(ref: DeviceRef) -> str | None:
+def _named_now(host: Host, ref: DeviceRef) -> str | None:
     """The node the spec's reference names today (None: nothing there)."""
     if ref.loop is not None:
-        return blockdev.loop_for_file(ref.loop.file)
-    return os.path.realpath(ref.path) if os.path.exists(ref.path) else None
+        return blockdev.loop_for_file(host, ref.loop.file)
+    return host.realpath(ref.path) if host.exists(ref.path) else None
 
 
 def first_build(p: Planner, entry: dict | None) -> bool:
@@ -225,8 +233,8 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: dict | None, dev: Dev
         # let it raise.
         sigs = rep.signatures
         if rep.unreadable:
-            sigs = blockdev.signatures(dev.node, p.env.runner)
-            late = blockdev.partitions_in_use(dev.node, p.env.runner)
+            sigs = blockdev.signatures(p.env.host, dev.node)
+            late = blockdev.partitions_in_use(p.env.host, dev.node)
             if late:
                 p.refuse(f"{at}: {'; '.join(late)}. hotcache will not touch it, even with "
                          "wipe: true")
@@ -297,18 +305,19 @@ def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
 
 
 def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
-    backend = get_backend(spec.backend)
+    host = p.env.host
+    backend = get_backend(spec.backend, host)
     why = backend.unavailable()
     if why:
         from hotcache.provision.observe.discover import backend_report
 
-        usable = [r["backend"] for r in backend_report() if r["available"]]
+        usable = [r["backend"] for r in backend_report(host) if r["available"]]
         raise KernelUnsupported(f"{spec.name}: backend {spec.backend} cannot run here: {why}",
                                 hint=f"this host can use backend {', '.join(usable) or 'none'}"
                                      " (`hotcache devices --backends` says why)")
     for program in backend.programs:
-        require(program)
-    roots = blockdev.root_devices(p.env.runner)
+        host.require(program)
+    roots = blockdev.root_devices(host)
     devs = {}
     for role, ref in spec.devices().items():
         if (entry or {}).get("devices", {}).get(role):
@@ -335,7 +344,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
     target = backend.build(p, spec, entry, devs)
     if backend.restores_at_boot:
         bootunit.plan_unit(p, spec)
-    target_dev = _target_device(spec, devs, target, p.env.runner)
+    target_dev = _target_device(host, spec, devs, target)
     # A cache brought back after a boot (restore) appears only when its steps run; its
     # backend knows the filesystem is already on it. A filesystem the mapping records as
     # made is never made again: its device must show it, or nothing goes on.
@@ -347,7 +356,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
         return
     if made and not target_dev.present:
         p.do(f"check that {target} shows the filesystem {fs_uuid} before mounting it",
-             lambda ctx: _check_filesystem(ctx, target, fs_uuid, spec.name))
+             lambda ctx: _check_filesystem(host, ctx, target, fs_uuid, spec.name))
     elif target_dev.fs.get("UUID") != fs_uuid and not backend.keeps_filesystem(entry, devs):
         p.run(f"format {target} as XFS, label {fs_label(spec)}",
               ["mkfs.xfs", "-L", fs_label(spec), "-m", f"uuid={fs_uuid}", "-s", "size=4096",
@@ -367,11 +376,11 @@ def _fs_shown(dev: Device) -> str:
     return f"{dev.fs['TYPE']} {dev.fs.get('UUID', '')}".strip()
 
 
-def _check_filesystem(ctx: RunContext, target, fs_uuid: str, name: str) -> None:
+def _check_filesystem(host: Host, ctx: RunContext, target, fs_uuid: str, name: str) -> None:
     if ctx.runner.dry_run:
         return
     node = ctx.resolve(target)
-    seen = blockdev.fs_identity(node, ctx.runner)
+    seen = blockdev.fs_identity(host, node)
     if seen.get("UUID") != fs_uuid:
         raise RefusedError(f"{name}: {node} shows {seen.get('TYPE') or 'no filesystem'} "
                            f"{seen.get('UUID') or ''}, not the filesystem {fs_uuid} hotcache "
@@ -380,14 +389,14 @@ def _check_filesystem(ctx: RunContext, target, fs_uuid: str, name: str) -> None:
                                 "once the right disks are present")
 
 
-def _target_device(spec: CacheSpec, devs: dict[str, Device], target, runner: Runner) -> Device:
+def _target_device(host: Host, spec: CacheSpec, devs: dict[str, Device], target) -> Device:
     for dev in devs.values():
         if dev.node == target:
             return dev
     # A backend-made device (bcache, dm): read what is on it if it already exists.
-    if isinstance(target, str) and os.path.exists(target):
-        return Device("cached", spec.origin, target, True, blockdev.size_bytes(target), None,
-                      blockdev.fs_identity(target, runner))
+    if isinstance(target, str) and host.exists(target):
+        return Device("cached", spec.origin, target, True, blockdev.size_bytes(host, target),
+                      None, blockdev.fs_identity(host, target))
     return Device("cached", spec.origin, target, False, 0)
 
 
@@ -395,15 +404,16 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry, target, target_dev: Device) 
     """Queue what it takes to have the filesystem mounted; True if a mount is queued."""
     mp = os.path.normpath(spec.filesystem.mountpoint)
     opts = mount_options(spec)
+    host = p.env.host
     old_mp = (entry or {}).get("filesystem", {}).get("mountpoint")
-    if old_mp and old_mp != mp and blockdev.mount_at(old_mp):
+    if old_mp and old_mp != mp and blockdev.mount_at(host, old_mp):
         p.run(f"unmount {old_mp} (the spec moved {spec.name} to {mp})", ["umount", old_mp])
         old_uuid = entry.get("filesystem", {}).get("uuid")
         p.do(f"remove the old mountpoint entry of {spec.name} from {p.env.fstab}",
              lambda ctx: fstab.set_entry(p.env.fstab, spec.name, None, old_uuid, [old_mp]))
-    current = blockdev.mount_at(mp)
+    current = blockdev.mount_at(host, mp)
     if current is not None and isinstance(target, str) and target_dev.present \
-            and current.source_dev == blockdev.devnum(target):
+            and current.source_dev == host.devnum(target):
         missing = [o for o in opts if o not in current.options]
         if missing:
             p.run(f"remount {mp} with {','.join(missing)}",
@@ -489,8 +499,8 @@ def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
     for role, dev in devs.items():
         node = ctx.resolve(dev.node) if isinstance(dev.node, Ref) else dev.node
         info = {"node": node, "size": dev.size}
-        if os.path.exists(node):
-            info = identity.record(identity.probe(blockdev.kname(node), ctx.runner))
+        if env.host.exists(node):
+            info = identity.record(identity.probe(env.host.kname(node), env.host))
         if dev.ref.path:
             info["path"] = dev.ref.path
         if dev.ref.loop:

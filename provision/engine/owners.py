@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hotcache.provision.block import blockdev
+from hotcache.provision.block.host import Host
 
 SYS_DEV_BLOCK = Path("/sys/dev/block")
 
@@ -40,7 +41,7 @@ def tokens(path: str) -> tuple[set[str], set[str]]:
         return {f"path:{os.path.realpath(path)}"}, set()
     if stat.S_ISREG(st.st_mode):
         own = {f"file:{st.st_dev}:{st.st_ino}"}
-        loop = blockdev.loop_for_file(path)
+        loop = blockdev.loop_for_file(Host(), path)
         if loop:
             own |= tokens(loop)[0]
         return own, set()

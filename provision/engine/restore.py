@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hotcache.provision import mapping
 from hotcache.provision.block import identity
+from hotcache.provision.block.host import Host
 from hotcache.provision.engine.apply import plan_apply
 from hotcache.provision.engine.spec import CacheSpec, HostSpec, without_wipe
 from hotcache.provision.errors import UsageError
@@ -42,23 +43,23 @@ def recorded_spec(state_path: Path, names: list[str] | None = None):
     return HostSpec(caches=caches)
 
 
-def wait_for_devices(host) -> None:
+def wait_for_devices(spec: HostSpec, host: Host) -> None:
     """At boot, disks (and udev's by-id links) can appear late: wait a bounded time."""
 
-    paths = [ref.path for c in host.caches for ref in c.devices().values() if ref.path]
+    paths = [ref.path for c in spec.caches for ref in c.devices().values() if ref.path]
 
     def present():
-        missing = [p for p in paths if identity.kname(p) is None]
+        missing = [p for p in paths if identity.kname(p, host) is None]
         return not missing, f"missing {', '.join(missing)}"
     wait_until("the cache devices to appear", present, timeout=DEVICE_WAIT, interval=1.0)
 
 
 def plan_restore(env, names: list[str] | None = None):
 
-    host = recorded_spec(env.state, names)
-    wait_for_devices(host)
-    _load_modules(env.runner, host)
-    return plan_apply(host, env, restoring=True)
+    spec = recorded_spec(env.state, names)
+    wait_for_devices(spec, env.host)
+    _load_modules(env.runner, spec)
+    return plan_apply(spec, env, restoring=True)
 
 
 def _load_modules(runner, host) -> None:

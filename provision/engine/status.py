@@ -11,6 +11,7 @@ from hotcache.provision.block import blockdev
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
 from hotcache.provision.backends import recorded
+from hotcache.provision.block.host import Host
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.system.runner import Runner
 
@@ -39,10 +40,11 @@ class Problem:
 
 def current_node(entry: dict, role: str = "origin", runner: Runner | None = None) -> str | None:
     """The recorded device's node now, found by identity (kernel names move)."""
-    return recorded.current_node(entry, role, runner)
+    return recorded.current_node(entry, role, Host(runner))
 
 
 def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
+    host = Host(runner)
     fs = entry.get("filesystem", {})
     mp = fs.get("mountpoint")
     problems: list[Problem] = []
@@ -53,7 +55,7 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
     devices = {}
     for role in entry.get("devices", {}):
         try:
-            found, why = recorded.locate(entry, role, runner, cache=name), Code.DEVICE_UNPROVEN
+            found, why = recorded.locate(entry, role, host, cache=name), Code.DEVICE_UNPROVEN
         except HotcacheError as exc:
             found = recorded.Found(role, problem=f"{role} device: {exc.message}")
             why = Code.DEVICE_UNREADABLE
@@ -71,7 +73,7 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
     cached = entry.get("cached_device")
     if entry.get("backend") == "none":
         cached = devices.get("origin", {}).get("node")
-    mount = blockdev.mount_at(mp) if mp else None
+    mount = blockdev.mount_at(host, mp) if mp else None
     result = {
         "name": name, "backend": entry.get("backend"), "mode": entry.get("mode"),
         "state": entry.get("state"), "devices": devices, "cached_device": cached,
@@ -93,7 +95,7 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
             found_problem(Code.MOUNT_OPTIONS_MISSING,
                           f"{mp} is mounted without {','.join(missing)}")
         if os.path.exists(mount.source):
-            got = blockdev.fs_identity(mount.source, runner).get("UUID")
+            got = blockdev.fs_identity(host, mount.source).get("UUID")
             result["fs_uuid_matches"] = got == fs.get("uuid")
             if not result["fs_uuid_matches"]:
                 found_problem(Code.WRONG_FILESYSTEM,
@@ -113,7 +115,7 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
     if entry.get("backend") != "none" and not problems:
         try:
             nodes = {role: d["node"] for role, d in devices.items()}
-            result["cache"] = get_backend(entry["backend"]).stats(entry, runner, nodes)
+            result["cache"] = get_backend(entry["backend"], host).stats(entry, nodes)
         except (HotcacheError, OSError, ValueError, KeyError) as exc:
             found_problem(Code.STATS_UNREADABLE, f"cannot read cache statistics: {exc}")
     result["working_set"] = working_set(result, entry)

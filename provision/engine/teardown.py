@@ -35,10 +35,10 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
     if wipe and forget:
         raise UsageError("--forget touches no device, so it cannot --wipe",
                          hint=f"`hotcache teardown {name} --forget` alone")
-    backend = get_backend(entry["backend"])
-    seen = {role: recorded.current_node(entry, role, env.runner)
+    backend = get_backend(entry["backend"], env.host)
+    seen = {role: recorded.current_node(entry, role, env.host)
             for role in entry.get("devices", {})}
-    why = backend.live(entry, env.runner, seen)
+    why = backend.live(entry, seen)
     if forget:
         return _plan_forget(name, entry, env, why)
     if why:
@@ -49,12 +49,12 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
             hint=f"`hotcache restore {name}`, then `hotcache teardown {name}`. If its devices "
                  f"are gone for good, `hotcache teardown {name} --forget` removes the entry")
     # Every device is proven to be the recorded one before anything is touched.
-    nodes = {role: recorded.require(entry, role, env.runner, cache=name).node
+    nodes = {role: recorded.require(entry, role, env.host, cache=name).node
              for role in entry.get("devices", {})}
     plan = Plan()
     p = Planner(env, name, plan)
     mp = entry.get("filesystem", {}).get("mountpoint")
-    mounted = blockdev.mount_at(mp) if mp else None
+    mounted = blockdev.mount_at(env.host, mp) if mp else None
     if mounted:
         held = busy.other_namespaces_holding(mounted.source_dev)
         if held:

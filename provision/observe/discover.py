@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from hotcache.provision.block import blockdev
-from hotcache.provision.system.runner import Runner, which
+from hotcache.provision.block.host import Host
 
 SKIP_PREFIXES = ("ram", "zram", "sr", "fd")
 
@@ -14,8 +14,8 @@ SKIP_PREFIXES = ("ram", "zram", "sr", "fd")
 def discover(include_empty_loops: bool = False) -> list[dict]:
     import pyudev
 
-    runner = Runner()
-    roots = blockdev.root_devices()
+    host = Host()
+    roots = blockdev.root_devices(host)
     rows = []
     for dev in pyudev.Context().list_devices(subsystem="block"):
         name = dev.sys_name
@@ -24,10 +24,11 @@ def discover(include_empty_loops: bool = False) -> list[dict]:
         node = dev.device_node
         if not node or not os.path.exists(node):
             continue
-        if name.startswith("loop") and not blockdev.loop_backing_file(node) and not include_empty_loops:
+        if name.startswith("loop") and not blockdev.loop_backing_file(host, node) \
+                and not include_empty_loops:
             continue
         try:
-            rep = blockdev.report(node, runner, roots=roots, strict=False)
+            rep = blockdev.report(host, node, roots=roots, strict=False)
         except (OSError, ValueError):
             continue
         rep.model = dev.properties.get("ID_MODEL") or rep.model
@@ -38,13 +39,14 @@ def discover(include_empty_loops: bool = False) -> list[dict]:
     return sorted(rows, key=lambda r: r["node"])
 
 
-def backend_report() -> list[dict]:
-    from hotcache.provision.backends import get
+def backend_report(host: Host | None = None) -> list[dict]:
+    from hotcache.provision.backends import BACKENDS, get
 
+    host = host or Host()
     rows = []
-    for name in ("none", "bcache", "dm-cache", "lvmcache"):
-        backend = get(name)
-        missing = [p for p in backend.programs if which(p) is None]
+    for name in BACKENDS:
+        backend = get(name, host)
+        missing = [p for p in backend.programs if host.which(p) is None]
         why = backend.unavailable()
         if missing:
             from hotcache.provision.system.runner import PACKAGES

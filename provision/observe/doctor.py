@@ -172,8 +172,9 @@ def used_backends(caches: dict) -> set[str]:
 
 
 def check_kernel(caches: dict) -> list[Finding]:
-    from hotcache.provision.block.kernel import kernel_has
+    from hotcache.provision.block.host import Host
 
+    kernel_has = Host().kernel_has
     out = []
     used = used_backends(caches)
     for feature in sorted(set(KERNEL_FEATURE.values())):
@@ -199,12 +200,12 @@ def check_kernel(caches: dict) -> list[Finding]:
 
 
 def check_programs(caches: dict) -> list[Finding]:
-    from hotcache.provision.backends import get
+    from hotcache.provision.backends import BACKENDS
 
     used = used_backends(caches) | {"none"}
     out = []
     for name in ("none", "bcache", "dm-cache", "lvmcache"):
-        programs = BASE_PROGRAMS if name == "none" else get(name).programs
+        programs = BASE_PROGRAMS if name == "none" else BACKENDS[name].programs
         missing = [p for p in dict.fromkeys(programs) if which(p) is None]
         if not missing:
             out.append(Finding("programs", OK, name, f"programs for backend {name} are installed"))

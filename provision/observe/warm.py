@@ -218,13 +218,16 @@ def backing(path: Path, state: Path | None) -> tuple[str, dict] | None:
 def backend_stats(entry: dict, runner) -> Callable[[], dict | None]:
     from hotcache.provision.backends import get, recorded
 
-    backend = get(entry["backend"])
+    from hotcache.provision.block.host import Host
+
+    host = Host(runner)
+    backend = get(entry["backend"], host)
 
     def read() -> dict | None:
         try:
-            nodes = {role: recorded.current_node(entry, role, runner)
+            nodes = {role: recorded.current_node(entry, role, host)
                      for role in entry.get("devices", {})}
-            return backend.stats(entry, runner, nodes)
+            return backend.stats(entry, nodes)
         except (HotcacheError, OSError, ValueError, KeyError):
             return None   # statistics are a report, not a reason to stop warming
     return read

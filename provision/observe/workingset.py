@@ -38,6 +38,7 @@ def fast_tier_bytes(cache) -> int | None:
     """The size of a spec'd cache's fast device (the SSD; for backend none, the origin),
     from the loop image's size or the block device, None when it cannot be read."""
     from hotcache.provision.block import blockdev
+    from hotcache.provision.block.host import Host
 
     ref = cache.origin if cache.backend == "none" else cache.cache
     if ref is None:
@@ -45,7 +46,7 @@ def fast_tier_bytes(cache) -> int | None:
     if ref.loop is not None:
         return ref.loop.bytes
     try:
-        return blockdev.size_bytes(ref.path)
+        return blockdev.size_bytes(Host(), ref.path)
     except OSError:
         return None
 

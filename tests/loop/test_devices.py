@@ -116,9 +116,10 @@ def test_mountpoints_with_spaces_and_non_ascii_names_are_found(sandbox):
     """mountinfo escapes a space as \\040 but leaves UTF-8 as it is; both readers agree."""
     from hotcache.adapters.blockinfo import backing_of
     from hotcache.provision.block.blockdev import mount_at
+    from hotcache.provision.block.host import Host
 
     mp = sandbox / "my dätä"
     mp.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "tmpfs", mp], check=True)
-    assert mount_at(str(mp)).mountpoint == str(mp)
+    assert mount_at(Host(), str(mp)).mountpoint == str(mp)
     assert backing_of(mp).mountpoint == str(mp) and backing_of(mp).fstype == "tmpfs"

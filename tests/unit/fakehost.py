@@ -1,15 +1,24 @@
-"""A fake host for planning tests: block devices in a fake sysfs and /dev/disk/by-id tree,
-their signatures answered by a recording runner (blkid, wipefs, dmsetup), nothing mounted.
-Planning reads the host only through sysfs paths and probes, so a plan can be computed
-against a named host state (disks moved, tables not loaded, a probe failing) and its
-exact argv asserted. Nothing here runs a program."""
+"""A fake host for planning tests: a `Host` (provision/block/host.py) whose root is a
+folder holding a fake sysfs, /dev (by-id links, bcache by-uuid links), /proc and /etc,
+and whose runner answers the read-only probe commands (blkid, wipefs, dmsetup, lvs, pvs,
+cache_metadata_size) from tables. The real planning code runs against it unchanged, so a
+plan can be computed for a named host state (blank disks, built and loaded, built but not
+loaded after a reboot, half built) and its exact argv asserted. Nothing here runs a
+program.
+
+It fails closed like the real probes: a command it has no answer for raises
+AssertionError; it is never read as "nothing there".
+"""
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hotcache.provision.block.host import Host
+from hotcache.provision.engine.apply import Env
 from hotcache.provision.system.runner import Result, Runner
 
 
@@ -31,66 +40,78 @@ class FakeRunner(Runner):
 
     def query(self, argv, *, check=True):
         argv = [str(a) for a in argv]
-        prog = argv[0]
+        prog, h = argv[0], self.host
         if prog in self.failing:
             return Result(argv, 1, "", f"{prog}: simulated failure")
         if prog == "blkid":
-            disk = self.host.disks.get(os.path.basename(argv[-1]))
+            disk = h.disks.get(h.kname(argv[-1]))
             if disk is None:
                 return Result(argv, 2, "", "")
             out = "".join(f"{k}={v}\n" for k, v in disk.sig.items())
             return Result(argv, 0, f"DEVNAME={argv[-1]}\n{out}" if out else "", "")
         if prog == "wipefs":
-            disk = self.host.disks[os.path.basename(argv[-1])]
+            disk = h.disks[h.kname(argv[-1])]
             sigs = [{"type": disk.sig["TYPE"], "offset": "0x0"}] if disk.sig.get("TYPE") else []
-            import json
             return Result(argv, 0, json.dumps({"signatures": sigs}), "")
-        if prog == "dmsetup" and argv[1] == "table":
-            table = self.host.tables.get(argv[2])
+        if argv[:2] == ["dmsetup", "version"]:
+            return Result(argv, 0, "Library version:   1.02.185\nDriver version:    4.47.0\n", "")
+        if argv[:2] == ["dmsetup", "table"]:
+            table = h.tables.get(argv[2])
             if table is None:
                 return Result(argv, 1, "", f"Device {argv[2]} does not exist.")
             return Result(argv, 0, table + "\n", "")
-        if prog == "dmsetup" and argv[1] == "status":
-            status = self.host.statuses.get(argv[2])
+        if argv[:2] == ["dmsetup", "status"]:
+            status = h.statuses.get(argv[2])
             return Result(argv, 0 if status else 1, status or "", "" if status else "gone")
         if prog == "cache_metadata_size":
             return Result(argv, 0, "8192 sectors\n", "")
+        if prog in ("lvs", "pvs"):
+            return h.lvm_report(argv)
         raise AssertionError(f"the fake host has no answer for {argv}")
 
     def run(self, argv, *, check=True, input=None, timeout=None):
         argv = [str(a) for a in argv]
-        if argv[0] == "dmsetup" and argv[1] == "status":
+        if argv[:2] == ["dmsetup", "status"]:
             return self.query(argv)
         return super().run(argv, check=check, input=input, timeout=timeout)
 
 
-class FakeHost:
+MOUNTINFO = "1 0 0:20 / / rw,relatime - tmpfs rootfs rw\n"   # a diskless root
+
+
+class FakeHost(Host):
     def __init__(self, root: Path):
-        self.root = root
-        self.sys = root / "sys" / "class" / "block"
-        self.dev = root / "dev"
-        self.by_id = self.dev / "disk" / "by-id"
-        self.udev = root / "run" / "udev" / "data"
-        for d in (self.sys, self.by_id, self.udev):
-            d.mkdir(parents=True, exist_ok=True)
+        super().__init__(FakeRunner(self), root)
+        for d in ("sys/class/block", "sys/fs/bcache", "dev/disk/by-id", "dev/mapper",
+                  "dev/bcache/by-uuid", "run/udev/data", "proc/self", "etc"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+        (root / "proc/self/mountinfo").write_text(MOUNTINFO)
+        (root / "dev/mapper/control").touch()
         self.disks: dict[str, Disk] = {}
         self.tables: dict[str, str] = {}
         self.statuses: dict[str, str] = {}
-        self.runner = FakeRunner(self)
+        self.lvs: dict[str, dict] = {}      # "vg/lv" -> lvs row
+        self.pvs: dict[str, str] = {}       # node -> vg
+        self.missing: set[str] = set()      # programs not installed
         self._minor = 0
+
+    def which(self, program: str) -> str | None:
+        return None if program in self.missing else f"/usr/sbin/{program}"
+
+    def env(self, tmp_path: Path) -> Env:
+        return Env(self.runner, tmp_path / "mappings.yaml", tmp_path / "fstab", host=self)
 
     def disk(self, name: str, serial: str | None, mib: int, **sig) -> Disk:
         """A whole disk `name` (vda...) with `serial` (its by-id link virtio-SERIAL)."""
-        d = self.sys / name
+        d = self.path(f"/sys/class/block/{name}")
         d.mkdir(parents=True, exist_ok=True)
         (d / "size").write_text(f"{mib * 2048}\n")
         self._minor += 16
         (d / "dev").write_text(f"254:{self._minor}\n")
         if serial:
             (d / "serial").write_text(serial + "\n")
-            link = self.by_id / f"virtio-{serial}"
-            link.symlink_to(f"../../{name}")
-        (self.dev / name).touch()
+            self.path(f"/dev/disk/by-id/virtio-{serial}").symlink_to(f"../../{name}")
+        self.path(f"/dev/{name}").touch()
         disk = Disk(serial, mib, {k.upper(): v for k, v in sig.items()})
         self.disks[name] = disk
         return disk
@@ -98,36 +119,53 @@ class FakeHost:
     def unplug(self, name: str) -> None:
         import shutil
 
-        shutil.rmtree(self.sys / name)
-        for link in self.by_id.iterdir():
+        shutil.rmtree(self.path(f"/sys/class/block/{name}"))
+        for link in self.path("/dev/disk/by-id").iterdir():
             if os.path.basename(os.readlink(link)) == name:
                 link.unlink()
         self.disks.pop(name)
 
+    def fs(self, name: str, type: str, uuid: str) -> None:
+        """What blkid and wipefs show on device `name` from now on."""
+        self.disks[name].sig = {"TYPE": type, "UUID": uuid}
+
+    def mount(self, node: str, mountpoint: str, *options: str) -> None:
+        """`node` mounted (XFS) at `mountpoint`, as /proc/self/mountinfo shows it."""
+        n = len(self.mounts()) + 1
+        opts = ",".join(["rw", *options])
+        with open(self.path("/proc/self/mountinfo"), "a") as f:
+            f.write(f"{n} 1 {self.devnum(node)} / {mountpoint} {opts} - xfs {node} rw\n")
+
+    def sysfs_file(self, path: str, value: str) -> None:
+        """Write a sysfs attribute (or any file) of the fake host."""
+        p = self.path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(value + "\n")
+
+    def link(self, path: str, target: str) -> None:
+        """A symlink of the fake host, `target` a host path (/sys/fs/bcache/<set>)."""
+        p = self.path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.symlink_to(os.path.relpath(self.path(target), p.parent))
+
+    def lvm_report(self, argv: list[str]) -> Result:
+        """lvs/pvs --reportformat json for one target (lvm2 exits 5 'not found' when it
+        does not exist); a --select the fake host does not know is no answer."""
+        what = argv[0]
+        if "--select" in argv:
+            raise AssertionError(f"the fake host has no answer for {argv}")
+        target = argv[-1]
+        if what == "lvs" and target in self.lvs:
+            rows = [self.lvs[target]]
+        elif what == "pvs" and target in self.pvs:
+            rows = [{"pv_name": target, "vg_name": self.pvs[target]}]
+        else:
+            return Result(argv, 5, "", f"  Failed to find logical volume \"{target}\"\n"
+                          if what == "lvs" else f"  Failed to find physical volume \"{target}\".\n")
+        return Result(argv, 0, json.dumps({"report": [{what[:-1]: rows}]}), "")
+
 
 def install(monkeypatch, tmp_path: Path) -> FakeHost:
-    """Point every host read of planning at a fresh fake host under tmp_path."""
-    from hotcache.provision.backends import bcache_sysfs as sb
-    from hotcache.provision.block import blockdev, identity, kernel
-    from hotcache.provision.engine import apply
-
-    host = FakeHost(tmp_path / "host")
-    for attr, value in (("sys_block", host.sys), ("by_id", host.by_id),
-                        ("udev_data", host.udev), ("dev", host.dev)):
-        monkeypatch.setattr(identity.HOST, attr, value)
-    monkeypatch.setattr(blockdev, "SYS_BLOCK", host.sys)
-    monkeypatch.setattr(blockdev, "root_devices", lambda *a, **k: set())
-    monkeypatch.setattr(blockdev, "mount_at", lambda mp: None)
-    monkeypatch.setattr(blockdev, "mounts", lambda: [])
-    monkeypatch.setattr(blockdev, "loop_for_file", lambda image: None)
-    monkeypatch.setattr(blockdev, "mountpoints_of", lambda node: [])
-    monkeypatch.setattr(blockdev, "devnum", lambda node: "254:0")
-    monkeypatch.setattr(blockdev.probe, "readable", lambda node: True)
-    monkeypatch.setattr(apply, "require", lambda program: program)
-    monkeypatch.setattr(kernel, "kernel_has", lambda feature: True)
-    (tmp_path / "host" / "sys" / "fs" / "bcache").mkdir(parents=True)
-    monkeypatch.setattr(sb, "SYS_FS", tmp_path / "host" / "sys" / "fs" / "bcache")
-    monkeypatch.setattr(sb, "SYS_BLOCK", host.sys)
-    monkeypatch.setattr(sb, "BY_UUID", tmp_path / "host" / "dev" / "bcache" / "by-uuid")
+    """A fresh fake host under tmp_path; boot units go to tmp_path/units."""
     monkeypatch.setenv("HOTCACHE_UNIT_DIR", str(tmp_path / "units"))
-    return host
+    return FakeHost(tmp_path / "host")

@@ -9,8 +9,9 @@ from hotcache.provision.backends import bcache_sysfs as sb
 from hotcache.provision.backends import bcache
 from hotcache.provision.engine.apply import Env, plan_apply
 from hotcache.provision.errors import ExitCode, KernelUnsupported
-from hotcache.provision.system.runner import Runner
 from hotcache.provision.engine.spec import parse_spec
+
+from tests.unit.fakehost import FakeHost
 
 
 @pytest.mark.parametrize("size, bucket", [(80 * 2**20, 64 * 1024), (256 * 2**20, 256 * 1024),
@@ -49,15 +50,17 @@ def test_tunables_default_cutoff_and_congestion_off_and_spec_overrides():
          "congested_write_threshold_us": 0}
 
 
-def test_cache_set_tunables_live_under_the_set():
-    assert sb.tunable_path("congested_read_threshold_us", "/dev/vdb1", "U") == \
-        sb.SYS_FS / "U" / "congested_read_threshold_us"
-    assert sb.tunable_path("sequential_cutoff", "/dev/vdb1", "U") == \
-        sb.SYS_BLOCK / "vdb1" / "bcache" / "sequential_cutoff"
+def test_cache_set_tunables_live_under_the_set(tmp_path):
+    host = FakeHost(tmp_path)
+    assert sb.tunable_path(host, "congested_read_threshold_us", "/dev/vdb1", "U") == \
+        "/sys/fs/bcache/U/congested_read_threshold_us"
+    assert sb.tunable_path(host, "sequential_cutoff", "/dev/vdb1", "U") == \
+        "/sys/class/block/vdb1/bcache/sequential_cutoff"
 
 
-def test_kernel_without_bcache_gets_a_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(sb, "SYS_FS", tmp_path / "no-bcache")  # as on this host's kernel
+def test_kernel_without_bcache_gets_a_clear_error(tmp_path):
+    host = FakeHost(tmp_path / "host")
+    host.path("/sys/fs/bcache").rmdir()        # as on this host's kernel
     spec = parse_spec(f"""
 caches:
   - name: c1
@@ -66,11 +69,11 @@ caches:
     cache: {{loop: {{file: {tmp_path}/ssd.img, size: 128M}}}}
     filesystem: {{mountpoint: {tmp_path}/mnt}}
 """)
-    env = Env(Runner(dry_run=True), tmp_path / "state.yaml", tmp_path / "fstab")
+    env = Env(host.runner, tmp_path / "state.yaml", tmp_path / "fstab", host=host)
     with pytest.raises(KernelUnsupported) as err:
         plan_apply(spec, env)
     text = str(err.value)
     assert "no bcache" in text and "/sys/fs/bcache" in text
-    assert "this host can use backend none" in text
+    assert "this host can use backend none, dm-cache, lvmcache" in text
     assert err.value.exit_code == ExitCode.MISSING_TOOL
     assert not (tmp_path / "hdd.img").exists() and not (tmp_path / "state.yaml").exists()

@@ -9,35 +9,26 @@ import json
 import pytest
 
 from hotcache.provision.backends import lvmcache
-from hotcache.provision.engine.apply import Device, Env, Planner
+from hotcache.provision.engine.apply import Device, Planner
 from hotcache.provision.plan import Plan
 from hotcache.provision.engine.spec import CacheSpec
-from hotcache.provision.system.runner import Result, Runner
+
+from tests.unit.fakehost import FakeHost
 
 CHANGES = ("pvcreate", "vgcreate", "vgextend", "lvcreate", "lvconvert", "lvchange",
            "vgreduce", "pvremove")
 
 
-class FakeLvm(Runner):
-    """Answers lvm2's JSON reports from `lvs` rows; runs nothing."""
-
-    def __init__(self, lvs: dict[str, dict] | None = None, pvs: dict[str, str] | None = None):
-        super().__init__(dry_run=True)
-        self.lvs, self.pvs = lvs or {}, pvs or {}
-
-    def query(self, argv, *, check=True):
-        what, target = argv[0], argv[-1]
-        if what == "lvs" and target in self.lvs:
-            rows = [self.lvs[target]]
-        elif what == "pvs" and target in self.pvs:
-            rows = [{"pv_name": target, "vg_name": self.pvs[target]}]
-        else:
-            return Result(list(argv), 5, "", f"{target} not found")
-        return Result(list(argv), 0, json.dumps({"report": [{what[:-1]: rows}]}), "")
+def lvm_host(tmp_path, lvs: dict[str, dict] | None = None,
+             pvs: dict[str, str] | None = None) -> FakeHost:
+    """A fake host whose lvm2 reports show `lvs` ("vg/lv" -> row) and `pvs` (node -> vg)."""
+    host = FakeHost(tmp_path / "host")
+    host.lvs, host.pvs = lvs or {}, pvs or {}
+    return host
 
 
-def planner(tmp_path, runner) -> Planner:
-    return Planner(Env(runner, tmp_path / "m.yaml", tmp_path / "fstab"), "c1", Plan())
+def planner(tmp_path, host) -> Planner:
+    return Planner(host.env(tmp_path), "c1", Plan())
 
 
 def device(role: str, node: str) -> Device:
@@ -58,7 +49,7 @@ def argvs(p: Planner) -> list[list[str]]:
 
 def tail(argv: list[str]) -> list[str]:
     """The arguments after the command, without the devices-file --config pair."""
-    return [x for x in argv if x not in lvmcache.lvm("")[1:]][1:]
+    return [x for x in argv if x not in ("--config", "devices { use_devicesfile=0 }")][1:]
 
 
 def assert_never_prompts(steps: list[list[str]]) -> None:
@@ -74,8 +65,9 @@ def units(tmp_path, monkeypatch):
 
 
 def test_a_first_build_plans_every_lvm_command_with_yes(tmp_path):
-    p = planner(tmp_path, FakeLvm())
-    node = lvmcache.LvmCache().build(p, spec(tunables={"migration_threshold": 4096}), None,
+    host = lvm_host(tmp_path)
+    p = planner(tmp_path, host)
+    node = lvmcache.LvmCache(host).build(p, spec(tunables={"migration_threshold": 4096}), None,
                                      {"origin": device("origin", "/dev/hdd"),
                                       "cache": device("cache", "/dev/ssd")})
     assert node == "/dev/hc_c1/data"
@@ -97,9 +89,10 @@ def test_in_place_changes_plan_lvchange_with_yes(tmp_path):
     built = {"hc_c1/data": {"lv_name": "data", "lv_attr": "Cwi-aoC---", "segtype": "cache",
                             "cache_mode": "writethrough", "cache_policy": "smq",
                             "kernel_cache_settings": "migration_threshold=2048"}}
-    p = planner(tmp_path, FakeLvm(lvs=built, pvs={"/dev/ssd": "hc_c1"}))
+    host = lvm_host(tmp_path, lvs=built, pvs={"/dev/ssd": "hc_c1"})
+    p = planner(tmp_path, host)
     entry = {"state": "ready", "backend_state": {"vg": "hc_c1", "origin_lv": "data"}}
-    lvmcache.LvmCache().build(p, spec(mode="writeback", tunables={"migration_threshold": 4096}),
+    lvmcache.LvmCache(host).build(p, spec(mode="writeback", tunables={"migration_threshold": 4096}),
                               entry, {"origin": device("origin", "/dev/hdd"),
                                       "cache": device("cache", "/dev/ssd")})
     steps = argvs(p)
@@ -110,10 +103,11 @@ def test_in_place_changes_plan_lvchange_with_yes(tmp_path):
 
 
 def test_attaching_to_an_existing_lv_plans_with_yes(tmp_path, monkeypatch):
-    monkeypatch.setattr(lvmcache, "existing_lv", lambda node: ("userdata", "data"))
+    monkeypatch.setattr(lvmcache, "existing_lv", lambda host, node: ("userdata", "data"))
     lv = {"userdata/data": {"lv_name": "data", "lv_attr": "-wi-ao----", "segtype": "linear"}}
-    p = planner(tmp_path, FakeLvm(lvs=lv))
-    node = lvmcache.LvmCache().build(p, spec(), None, {"origin": device("origin", "/dev/userdata/data"),
+    host = lvm_host(tmp_path, lvs=lv)
+    p = planner(tmp_path, host)
+    node = lvmcache.LvmCache(host).build(p, spec(), None, {"origin": device("origin", "/dev/userdata/data"),
                                                        "cache": device("cache", "/dev/ssd")})
     assert node == "/dev/userdata/data"
     steps = argvs(p)
@@ -124,8 +118,9 @@ def test_attaching_to_an_existing_lv_plans_with_yes(tmp_path, monkeypatch):
 
 def test_teardown_plans_every_lvm_command_with_yes(tmp_path):
     built = {"hc_c1/data": {"lv_name": "data", "lv_attr": "Cwi-aoC---", "segtype": "cache"}}
-    p = planner(tmp_path, FakeLvm(lvs=built, pvs={"/dev/ssd": "hc_c1"}))
-    lvmcache.LvmCache().dismantle(p, {"spec": {"name": "c1"},
+    host = lvm_host(tmp_path, lvs=built, pvs={"/dev/ssd": "hc_c1"})
+    p = planner(tmp_path, host)
+    lvmcache.LvmCache(host).dismantle(p, {"spec": {"name": "c1"},
                                       "backend_state": {"vg": "hc_c1", "origin_lv": "data"}},
                                   {"cache": "/dev/ssd"})
     steps = argvs(p)
@@ -135,10 +130,10 @@ def test_teardown_plans_every_lvm_command_with_yes(tmp_path):
 
 
 @pytest.mark.parametrize("devices_file", [True, False])
-def test_lvm_sees_all_devices_only_without_a_devices_file(monkeypatch, devices_file):
-    real = lvmcache.os.path.exists
-    monkeypatch.setattr(lvmcache.os.path, "exists", lambda p: devices_file
-                        if p == "/etc/lvm/devices/system.devices" else real(p))
-    argv = lvmcache.lvm("lvs", "vg/data")
+def test_lvm_sees_all_devices_only_without_a_devices_file(tmp_path, devices_file):
+    host = FakeHost(tmp_path)
+    if devices_file:
+        host.sysfs_file("/etc/lvm/devices/system.devices", "")
+    argv = lvmcache.lvm(host, "lvs", "vg/data")
     extra = [] if devices_file else ["--config", "devices { use_devicesfile=0 }"]
     assert argv == ["lvs", *extra, "vg/data"]

@@ -11,6 +11,7 @@ import pytest
 from hotcache.provision.backends.plain import Plain
 from hotcache.provision.block import blockdev
 from hotcache.provision.block.blockdev import Mount
+from hotcache.provision.block.host import Host
 from hotcache.provision.engine import apply, owners
 from hotcache.provision.plan import Plan
 from hotcache.provision.engine.spec import CacheSpec
@@ -37,13 +38,22 @@ class Blkid(Runner):
     run = query
 
 
+class Tree(Host):
+    """The fake sysfs tree under the test's folder, with `mounted` as its mount table."""
+
+    mounted: list = []
+
+    def mounts(self):
+        return self.mounted
+
+
 @pytest.fixture
 def sysfs(tmp_path, monkeypatch):
     """sdb (8:16) with partitions sdb1 (8:17) and sdb2 (8:18); sdc (8:32) alone."""
     devices = tmp_path / "devices"
     disks = {"sdb": ("8:16", {"sdb1": "8:17", "sdb2": "8:18"}), "sdc": ("8:32", {}),
              "sdd": ("8:48", {})}
-    klass, by_num = tmp_path / "class" / "block", tmp_path / "dev" / "block"
+    klass, by_num = tmp_path / "sys" / "class" / "block", tmp_path / "sys" / "dev" / "block"
     klass.mkdir(parents=True)
     by_num.mkdir(parents=True)
 
@@ -60,14 +70,15 @@ def sysfs(tmp_path, monkeypatch):
         node(devices / disk, num, False)
         for part, pnum in parts.items():
             node(devices / disk / part, pnum, True)
-    monkeypatch.setattr(blockdev, "SYS_BLOCK", klass)
-    monkeypatch.setattr(blockdev, "SYS_DEV_BLOCK", by_num)
     monkeypatch.setattr(owners, "SYS_DEV_BLOCK", by_num)
-    monkeypatch.setattr(blockdev, "PROC_SWAPS", tmp_path / "swaps")
-    monkeypatch.setattr(blockdev, "SYS_FS_BTRFS", tmp_path / "btrfs")
-    (tmp_path / "swaps").write_text("Filename Type Size Used Priority\n")
-    monkeypatch.setattr(blockdev, "mounts", lambda: [])
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "swaps").write_text("Filename Type Size Used Priority\n")
+    monkeypatch.setattr(Tree, "mounted", [])
     return tmp_path
+
+
+def on(sysfs: Path, runner: Runner) -> Tree:
+    return Tree(runner, sysfs)
 
 
 def test_a_partition_and_its_disk_overlap_siblings_do_not(sysfs):
@@ -84,28 +95,29 @@ def test_a_partition_and_its_disk_overlap_siblings_do_not(sysfs):
     (lambda s: {"/dev/sdb1": "crypto_LUKS"}, "its partition /dev/sdb1 is a LUKS device"),
     (lambda s: [(s / "devices/sdb/sdb2/holders/dm-3").mkdir(), {}][1],
      "its partition /dev/sdb2 is in use by dm-3 (holders)"),
-    (lambda s: [(s / "swaps").write_text("Filename Type\n/dev/sdb1 partition 8 0 -2\n"), {}][1],
+    (lambda s: [(s / "proc/swaps").write_text("Filename Type\n/dev/sdb1 partition 8 0 -2\n"), {}][1],
      "its partition /dev/sdb1 is active swap"),
 ])
 def test_a_whole_disk_with_a_partition_in_use_is_refused_even_with_wipe(sysfs, setup, why):
     runner = Blkid(setup(sysfs))
-    assert why in blockdev.partitions_in_use("/dev/sdb", runner)
-    report = blockdev.report("/dev/sdb", runner, roots=blockdev.RootDevices())
+    host = on(sysfs, runner)
+    assert why in blockdev.partitions_in_use(host, "/dev/sdb")
+    report = blockdev.report(host, "/dev/sdb", roots=blockdev.RootDevices())
     plan = Plan()
-    p = apply.Planner(apply.Env(runner, sysfs / "m.yaml", sysfs / "fstab"), "hot", plan)
+    p = apply.Planner(apply.Env(runner, sysfs / "m.yaml", sysfs / "fstab", host), "hot", plan)
     spec = CacheSpec.model_validate({"name": "hot", "backend": "none",
                                      "origin": {"path": "/dev/sdb", "wipe": True},
                                      "filesystem": {"mountpoint": "/mnt/hot"}})
     dev = apply.Device("origin", spec.origin, "/dev/sdb", True, report.size, report, {})
-    apply.preflight(p, Plain(), spec, None, dev, 0)
+    apply.preflight(p, Plain(host), spec, None, dev, 0)
     assert len(p.refusals) == 1 and why in p.refusals[0]
     assert "even with wipe: true" in p.refusals[0]
     assert plan.steps == [], "no wipefs is planned"
 
 
 def test_an_idle_partitioned_disk_is_only_a_signature_matter(sysfs):
-    assert blockdev.partitions_in_use("/dev/sdb", Blkid({"/dev/sdb1": "ext4"})) == []
-    assert blockdev.partitions_in_use("/dev/sdc", Blkid()) == []
+    assert blockdev.partitions_in_use(on(sysfs, Blkid({"/dev/sdb1": "ext4"})), "/dev/sdb") == []
+    assert blockdev.partitions_in_use(on(sysfs, Blkid()), "/dev/sdc") == []
 
 
 def mount(num, mp, fstype, source, *options):
@@ -113,53 +125,53 @@ def mount(num, mp, fstype, source, *options):
 
 
 def test_root_on_btrfs_protects_every_device_of_the_filesystem(sysfs, monkeypatch):
-    fs = sysfs / "btrfs" / "0a1b" / "devices"
+    fs = sysfs / "sys" / "fs" / "btrfs" / "0a1b" / "devices"
     fs.mkdir(parents=True)
     (fs / "sdb2").symlink_to(sysfs / "devices/sdb/sdb2")
     (fs / "sdc").symlink_to(sysfs / "devices/sdc")
-    monkeypatch.setattr(blockdev, "mounts", lambda: [mount("0:35", "/", "btrfs", "/dev/sdb2")])
-    roots = blockdev.root_devices(Blkid())
+    monkeypatch.setattr(Tree, "mounted", [mount("0:35", "/", "btrfs", "/dev/sdb2")])
+    roots = blockdev.root_devices(on(sysfs, Blkid()))
     assert roots.unknown is None and roots == {"sdb2", "sdb", "sdc"}
 
 
 def test_root_on_overlay_follows_its_upper_and_lower_folders(sysfs, monkeypatch):
-    monkeypatch.setattr(blockdev, "mounts", lambda: [
+    monkeypatch.setattr(Tree, "mounted", [
         mount("0:40", "/", "overlay", "overlay", "rw", "lowerdir=/lower/a:/lower/b",
               "upperdir=/data/up", "workdir=/data/work"),
         mount("8:17", "/data", "ext4", "/dev/sdb1"),
         mount("8:32", "/lower", "ext4", "/dev/sdc")])
-    roots = blockdev.root_devices(Blkid())
+    roots = blockdev.root_devices(on(sysfs, Blkid()))
     assert roots.unknown is None and roots == {"sdb1", "sdb", "sdc"}
 
 
 def test_root_on_an_overlay_whose_folders_are_not_visible_refuses_every_device(sysfs,
                                                                                monkeypatch):
-    monkeypatch.setattr(blockdev, "mounts", lambda: [
+    monkeypatch.setattr(Tree, "mounted", [
         mount("0:40", "/", "overlay", "overlay", "upperdir=/var/lib/docker/x/diff",
               "lowerdir=/var/lib/docker/y")])
-    roots = blockdev.root_devices(Blkid())
+    roots = blockdev.root_devices(on(sysfs, Blkid()))
     assert roots.unknown and "no filesystem visible here" in roots.unknown
-    report = blockdev.report("/dev/sdd", Blkid(), roots=roots)
+    report = blockdev.report(on(sysfs, Blkid()), "/dev/sdd", roots=roots)
     assert not report.holds_root
     assert any("refuses every device" in why for why in report.problems())
 
 
 def test_root_on_zfs_protects_the_pool_members_lsblk_names(sysfs, monkeypatch):
-    monkeypatch.setattr(blockdev, "mounts", lambda: [mount("0:30", "/", "zfs", "rpool/ROOT/debian")])
+    monkeypatch.setattr(Tree, "mounted", [mount("0:30", "/", "zfs", "rpool/ROOT/debian")])
     lsblk = ('{"blockdevices": [{"kname": "sdb1", "fstype": "zfs_member", "label": "rpool"},'
              '{"kname": "sdc", "fstype": "zfs_member", "label": "tank"},'
              '{"kname": "sdd", "fstype": null, "label": null}]}')
     runner = Blkid(lsblk=lsblk)
-    roots = blockdev.root_devices(runner)
+    roots = blockdev.root_devices(on(sysfs, runner))
     assert roots.unknown is None and roots == {"sdb1", "sdb"}
     assert ["lsblk", "--json", "--output", "KNAME,FSTYPE,LABEL"] in runner.asked
-    roots = blockdev.root_devices(Blkid(lsblk='{"blockdevices": []}'))
+    roots = blockdev.root_devices(on(sysfs, Blkid(lsblk='{"blockdevices": []}')))
     assert roots.unknown and "rpool" in roots.unknown
 
 
 def test_root_on_an_unknown_filesystem_refuses_every_device(sysfs, monkeypatch):
-    monkeypatch.setattr(blockdev, "mounts", lambda: [mount("0:50", "/", "mystery", "thing")])
-    roots = blockdev.root_devices(Blkid())
+    monkeypatch.setattr(Tree, "mounted", [mount("0:50", "/", "mystery", "thing")])
+    roots = blockdev.root_devices(on(sysfs, Blkid()))
     assert "mystery" in roots.unknown
 
 
@@ -169,9 +181,9 @@ def test_lsblk_failure_for_zfs_root_is_an_error(sysfs, monkeypatch):
     class Broken(Blkid):
         def query(self, argv, *, check=True):
             return Result([str(a) for a in argv], 1, "", "lsblk: unknown column: LABEL")
-    monkeypatch.setattr(blockdev, "mounts", lambda: [mount("0:30", "/", "zfs", "rpool/ROOT")])
+    monkeypatch.setattr(Tree, "mounted", [mount("0:30", "/", "zfs", "rpool/ROOT")])
     with pytest.raises(ProbeFailed) as info:
-        blockdev.root_devices(Broken())
+        blockdev.root_devices(on(sysfs, Broken()))
     assert "lsblk" in str(info.value) and "unknown column" in str(info.value)
 
 
@@ -183,14 +195,15 @@ def test_a_failing_probe_while_planning_is_an_error_not_a_blank_disk(sysfs):
             argv = [str(a) for a in argv]
             return Result(argv, 1, "", f"{argv[0]}: error: /dev/sdc: Input/output error")
     runner = Failing()
-    report = blockdev.report("/dev/sdc", runner, roots=blockdev.RootDevices(), strict=False)
+    host = on(sysfs, runner)
+    report = blockdev.report(host, "/dev/sdc", roots=blockdev.RootDevices(), strict=False)
     assert report.unreadable and not report.hard_problems()
-    p = apply.Planner(apply.Env(runner, sysfs / "m.yaml", sysfs / "fstab"), "hot", Plan())
+    p = apply.Planner(apply.Env(runner, sysfs / "m.yaml", sysfs / "fstab", host), "hot", Plan())
     spec = CacheSpec.model_validate({"name": "hot", "backend": "none",
                                      "origin": {"path": "/dev/sdc", "wipe": True},
                                      "filesystem": {"mountpoint": "/mnt/hot"}})
     dev = apply.Device("origin", spec.origin, "/dev/sdc", True, report.size, report, {})
     with pytest.raises(ProbeFailed) as info:
-        apply.preflight(p, Plain(), spec, None, dev, 0)
+        apply.preflight(p, Plain(host), spec, None, dev, 0)
     assert info.value.exit_code == 4 and "Input/output error" in str(info.value)
     assert p.plan.steps == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hotcache.provision.backends import bcache
-from hotcache.provision.backends import bcache_sysfs as sb
+from hotcache.provision.block.host import Host
 from hotcache.provision.backends import dmcache
 from hotcache.provision.errors import ExitCode, FlushIncomplete, WaitTimeout
 from hotcache.provision.system.runner import Result, Runner
@@ -104,15 +104,19 @@ def test_a_dm_cache_that_vanishes_mid_flush_fails_the_wait():
 
 
 @pytest.fixture
-def bdev(tmp_path, monkeypatch):
-    monkeypatch.setattr(sb, "SYS_BLOCK", tmp_path / "block")
-    monkeypatch.setattr(sb, "SYS_FS", tmp_path / "fs")
-    d = tmp_path / "block" / "vdc" / "bcache"
+def host(tmp_path):
+    """A host whose sysfs is the test's folder (bdev fills it)."""
+    return Host(Runner(dry_run=True), tmp_path)
+
+
+@pytest.fixture
+def bdev(tmp_path):
+    d = tmp_path / "sys" / "class" / "block" / "vdc" / "bcache"
     d.mkdir(parents=True)
     for name, value in (("state", "dirty"), ("dirty_data", "69.0M"), ("writeback_running", "0"),
                         ("detach", ""), ("writeback_rate", "4.0k")):
         (d / name).write_text(value + "\n")
-    cset = tmp_path / "fs" / "cset1"
+    cset = tmp_path / "sys" / "fs" / "bcache" / "cset1"
     cset.mkdir(parents=True)
     (d / "cache").symlink_to(cset)
     (cset / "bdev0").symlink_to(d)
@@ -120,7 +124,7 @@ def bdev(tmp_path, monkeypatch):
     return d
 
 
-def test_bcache_device_stopping_during_the_detach_fails_the_teardown(bdev):
+def test_bcache_device_stopping_during_the_detach_fails_the_teardown(bdev, host):
     import shutil
 
     clock = Clock()
@@ -129,40 +133,41 @@ def test_bcache_device_stopping_during_the_detach_fails_the_teardown(bdev):
         clock.sleep(seconds)
         shutil.rmtree(bdev)
     with pytest.raises(FlushIncomplete) as err:
-        bcache.detach("/dev/vdc", clock=clock, sleep=stop, say=lambda s: None)
+        bcache.detach(host, "/dev/vdc", clock=clock, sleep=stop, say=lambda s: None)
     assert "stopped before its dirty data was written back" in str(err.value)
     assert "cset1" in str(err.value)
 
 
-def test_bcache_detach_turns_writeback_on_and_waits_for_no_cache(bdev):
+def test_bcache_detach_turns_writeback_on_and_waits_for_no_cache(bdev, host):
     clock = Clock()
 
     def detached(seconds):
         clock.sleep(seconds)
         (bdev / "state").write_text("no cache\n")
-    bcache.detach("/dev/vdc", clock=clock, sleep=detached, say=lambda s: None)
+    bcache.detach(host, "/dev/vdc", clock=clock, sleep=detached, say=lambda s: None)
     assert (bdev / "writeback_running").read_text() == "1"
     assert (bdev / "detach").read_text() == "1"
 
 
-def test_a_cache_set_with_a_backing_device_attached_is_never_unregistered(bdev, tmp_path):
+def test_a_cache_set_with_a_backing_device_attached_is_never_unregistered(bdev, host):
     with pytest.raises(FlushIncomplete, match="bdev0"):
-        bcache.unregister_set("cset1")
-    assert (tmp_path / "fs" / "cset1" / "unregister").read_text() == ""
+        bcache.unregister_set(host, "cset1")
+    assert host.path("/sys/fs/bcache/cset1/unregister").read_text() == ""
 
 
-def test_bcache_device_vanishing_while_its_sysfs_is_read_fails_the_teardown(bdev, monkeypatch):
+def test_bcache_device_vanishing_while_its_sysfs_is_read_fails_the_teardown(bdev, host,
+                                                                            monkeypatch):
     """Seen in the guest kernel: the origin failed, bcache stopped the device, and the
     read of dirty_data itself failed with ENODEV."""
-    real = sb.read
+    real = bcache._get
 
     def read(path):
         if path.name == "dirty_data":
             raise OSError(19, "No such device")
         return real(path)
-    monkeypatch.setattr(sb, "read", read)
+    monkeypatch.setattr(bcache, "_get", read)
     with pytest.raises(FlushIncomplete, match="stopped before"):
-        bcache.detach("/dev/vdc", clock=Clock(), sleep=lambda s: None, say=lambda s: None)
+        bcache.detach(host, "/dev/vdc", clock=Clock(), sleep=lambda s: None, say=lambda s: None)
 
 
 def test_dmsetup_table_of_a_missing_device_reads_as_absent_in_either_wording():

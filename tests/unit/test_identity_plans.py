@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from hotcache.provision.backends.dmcache import DmCache
-from hotcache.provision.engine.apply import Device, Env, plan_apply
+from hotcache.provision.engine.apply import Device, plan_apply
 from hotcache.provision.engine.restore import plan_restore
 from hotcache.provision.engine.spec import DeviceRef, HostSpec
 from hotcache.provision.engine.teardown import plan_teardown
@@ -51,7 +51,7 @@ def host(monkeypatch, tmp_path):
 
 @pytest.fixture
 def env(host, tmp_path):
-    return Env(host.runner, tmp_path / "mappings.yaml", tmp_path / "fstab")
+    return host.env(tmp_path)
 
 
 def save(env, **caches):
@@ -195,11 +195,11 @@ def test_dm_cache_restore_with_a_failing_blkid_is_an_error(host, env):
     assert host.runner.recorded == []
 
 
-def test_dm_cache_owns_no_signature_less_device_it_cannot_prove():
+def test_dm_cache_owns_no_signature_less_device_it_cannot_prove(host):
     cache = Device("cache", DeviceRef(path="/dev/vdb"), "/dev/vdb", True, 64 * 2**20)
-    assert DmCache().owns(entry(), cache) is False          # any blank SSD used to pass
+    assert DmCache(host).owns(entry(), cache) is False          # any blank SSD used to pass
     cache.proven = True
-    assert DmCache().owns(entry(), cache) is True
+    assert DmCache(host).owns(entry(), cache) is True
 
 
 # --- case 5: a cache that is not live is never torn down -------------------------------

@@ -8,6 +8,7 @@ import pytest
 from hotcache.provision import mapping
 from hotcache.provision.backends import lvmcache
 from hotcache.provision.block.blockdev import DeviceReport
+from hotcache.provision.block.host import Host
 from hotcache.provision.engine import apply, teardown
 from hotcache.provision.plan import Plan
 from hotcache.provision.engine.spec import CacheSpec
@@ -32,7 +33,11 @@ class Lvm(Runner):
 
 @pytest.fixture
 def lv(monkeypatch):
-    monkeypatch.setattr(lvmcache, "existing_lv", lambda node: ("vg0", "home"))
+    monkeypatch.setattr(lvmcache, "existing_lv", lambda host, node: ("vg0", "home"))
+
+
+def backend() -> lvmcache.LvmCache:
+    return lvmcache.LvmCache(Host(Lvm()))
 
 
 def origin(report: DeviceReport) -> apply.Device:
@@ -48,20 +53,20 @@ def origin(report: DeviceReport) -> apply.Device:
 def test_adopting_a_busy_lv_is_refused_even_with_wipe(lv, tmp_path, report, why):
     p = apply.Planner(apply.Env(Lvm(), tmp_path / "m.yaml", tmp_path / "fstab"), "home", Plan())
     dev = origin(report)
-    assert not lvmcache.LvmCache().owns(None, dev)
-    apply.preflight(p, lvmcache.LvmCache(), SPEC, None, dev, 0)
+    assert not backend().owns(None, dev)
+    apply.preflight(p, backend(), SPEC, None, dev, 0)
     assert len(p.refusals) == 1 and why in p.refusals[0] and "even with wipe" in p.refusals[0]
     assert p.plan.steps == []
 
 
 def test_an_idle_lv_is_adopted_and_the_adopted_lv_stays_ours_once_mounted(lv):
     idle = origin(DeviceReport("/dev/dm-4", 2**30, True))
-    assert lvmcache.LvmCache().owns(None, idle)
+    assert backend().owns(None, idle)
     entry = {"backend_state": {"vg": "vg0", "origin_lv": "home", "adopted": True}}
     mounted = origin(DeviceReport("/dev/dm-4", 2**30, True, mountpoints=["/mnt/hot"]))
-    assert lvmcache.LvmCache().owns(entry, mounted)
+    assert backend().owns(entry, mounted)
     other = {"backend_state": {"vg": "vg0", "origin_lv": "data", "adopted": True}}
-    assert not lvmcache.LvmCache().owns(other, mounted)
+    assert not backend().owns(other, mounted)
 
 
 def test_teardown_wipe_never_wipes_an_adopted_lv(tmp_path, monkeypatch):
@@ -76,7 +81,7 @@ def test_teardown_wipe_never_wipes_an_adopted_lv(tmp_path, monkeypatch):
     monkeypatch.setenv("HOTCACHE_UNIT_DIR", str(tmp_path / "units"))
     from hotcache.provision.backends import recorded
 
-    monkeypatch.setattr(lvmcache.LvmCache, "live", lambda self, e, r, nodes: None)  # active
+    monkeypatch.setattr(lvmcache.LvmCache, "live", lambda self, e, nodes: None)  # active
     monkeypatch.setattr(recorded, "locate", lambda e, role, *a, **k: recorded.Found(
         role, node=e["devices"][role]["node"]))
     runner = Lvm()

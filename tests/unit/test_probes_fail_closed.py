@@ -8,6 +8,7 @@ import pytest
 
 from hotcache.provision.backends import dmcache, lvmcache
 from hotcache.provision.block import blockdev
+from hotcache.provision.block.host import Host
 from hotcache.provision.errors import ExitCode, ProbeFailed
 from hotcache.provision.system.runner import Result, Runner
 
@@ -37,8 +38,8 @@ def fails(call, runner, program, stderr_part):
     return err
 
 
-WIPEFS = lambda r: blockdev.signatures("/dev/loop7", r)        # noqa: E731
-BLKID = lambda r: blockdev.fs_identity("/dev/loop7", r)        # noqa: E731
+WIPEFS = lambda r: blockdev.signatures(Host(r), "/dev/loop7")        # noqa: E731
+BLKID = lambda r: blockdev.fs_identity(Host(r), "/dev/loop7")        # noqa: E731
 
 
 def test_wipefs_non_zero_is_an_error_not_a_blank_disk():
@@ -57,11 +58,11 @@ def test_wipefs_garbage_is_an_error():
 
 
 def test_wipefs_blank_answers_are_blank():
-    assert blockdev.signatures("/dev/x", Scripted(0, "")) == []
-    assert blockdev.signatures("/dev/x", Scripted(0, '{"signatures": []}')) == []
+    assert blockdev.signatures(Host(Scripted(0, "")), "/dev/x") == []
+    assert blockdev.signatures(Host(Scripted(0, '{"signatures": []}')), "/dev/x") == []
     sig = {"device": "x", "offset": "0x0", "type": "xfs"}
-    assert blockdev.signatures("/dev/x", Scripted(0, '{"signatures": [%s]}' % str(sig)
-                                                  .replace("'", '"'))) == [sig]
+    assert blockdev.signatures(Host(Scripted(0, '{"signatures": [%s]}' % str(sig)
+                                              .replace("'", '"'))), "/dev/x") == [sig]
 
 
 def test_blkid_failure_is_an_error():
@@ -73,16 +74,16 @@ def test_blkid_nothing_found_on_a_device_it_cannot_open_is_an_error(tmp_path):
     # blkid exits 2, silently, both for "no signature" and for a device it cannot open.
     runner = Scripted(2)
     with pytest.raises(ProbeFailed) as info:
-        blockdev.fs_identity(str(tmp_path / "gone"), runner)
+        blockdev.fs_identity(Host(runner), str(tmp_path / "gone"))
     assert "cannot be opened" in str(info.value)
     blank = tmp_path / "blank.img"
     blank.write_bytes(b"\0" * 4096)
-    assert blockdev.fs_identity(str(blank), runner) == {}
+    assert blockdev.fs_identity(Host(runner), str(blank)) == {}
 
 
 def test_blkid_garbage_is_an_error():
     fails(BLKID, Scripted(0, "this is not export format\n"), "blkid", "unexpected output")
-    assert blockdev.fs_identity("/dev/x", Scripted(0, "TYPE=xfs\nUUID=u\n\n")) == \
+    assert blockdev.fs_identity(Host(Scripted(0, "TYPE=xfs\nUUID=u\n\n")), "/dev/x") == \
         {"TYPE": "xfs", "UUID": "u"}
 
 
@@ -95,8 +96,8 @@ def test_dmsetup_failure_is_an_error_only_does_not_exist_is_absent():
 
 
 @pytest.mark.parametrize("call", [
-    lambda r: lvmcache.lv_info(r, "vg", "lv"),
-    lambda r: lvmcache.pv_vg(r, "/dev/loop7"),
+    lambda r: lvmcache.lv_info(Host(r), "vg", "lv"),
+    lambda r: lvmcache.pv_vg(Host(r), "/dev/loop7"),
 ])
 def test_lvs_and_pvs_failure_is_an_error_only_not_found_is_absent(call):
     runner = Scripted(5, "", "  Reading VG vg failed: locking failed: Permission denied")
@@ -111,9 +112,9 @@ def test_lvs_and_pvs_failure_is_an_error_only_not_found_is_absent(call):
 
 def test_lvs_garbage_or_old_lvm_without_json_is_an_error():
     with pytest.raises(ProbeFailed) as info:
-        lvmcache.lv_info(Scripted(0, "  LV   VG   Attr\n  data vg -wi-a-----\n"), "vg", "lv")
+        lvmcache.lv_info(Host(Scripted(0, "  LV   VG   Attr\n  data vg -wi-a-----\n")), "vg", "lv")
     assert "lvs" in str(info.value) and "JSON" in str(info.value)
     with pytest.raises(ProbeFailed):
-        lvmcache.pv_vg(Scripted(3, "", "  Unrecognised option --reportformat"), "/dev/x")
+        lvmcache.pv_vg(Host(Scripted(3, "", "  Unrecognised option --reportformat")), "/dev/x")
     with pytest.raises(ProbeFailed):
-        lvmcache.lv_info(Scripted(0, '{"report": "x"}'), "vg", "lv")
+        lvmcache.lv_info(Host(Scripted(0, '{"report": "x"}')), "vg", "lv")

@@ -44,12 +44,14 @@ def test_apply(backend):
     assert cache["cache_total_bytes"] > 0
     if backend == "bcache":
         from hotcache.provision.backends import bcache_sysfs as sb
+        from hotcache.provision.block.host import Host
 
+        host = Host()
         assert st["cached_device"].startswith("/dev/bcache/by-uuid/")
         assert cache["sequential_cutoff"] == 0 and cache["bypassed"] >= 0
-        cset = sb.set_dir(sb.attached_set(st["devices"]["origin"]["node"]))
+        cset = sb.set_dir(sb.attached_set(host, st["devices"]["origin"]["node"]))
         for key in ("congested_read_threshold_us", "congested_write_threshold_us"):
-            assert sb.read(cset / key) == "0", key    # the kernel's defaults: 2000, 20000
+            assert host.read(f"{cset}/{key}") == "0", key   # the kernel's defaults: 2000, 20000
     unit = PERSIST / "units" / f"hotcache-restore-{name_of(backend)}.service"
     assert f"restore {name_of(backend)} --yes" in unit.read_text()
 

@@ -29,11 +29,14 @@ def test_restore_after_reboot(backend):
     tunables = REBOOT_TUNABLES[backend]
     if backend == "bcache":
         from hotcache.provision.backends import bcache_sysfs as sb
+        from hotcache.provision.block.host import Host
+        host = Host()
         node = st["devices"]["origin"]["node"]
-        assert sb.read(sb.bdev_dir(node) / "writeback_percent") == "20"
-        assert sb.parse_human(sb.read(sb.bdev_dir(node) / "sequential_cutoff")) == 0
-        cset = sb.set_dir(sb.attached_set(node))
-        assert sb.read(cset / "congested_read_threshold_us") == "0"
+        bdev = sb.bdev_dir(host, node)
+        assert host.read(f"{bdev}/writeback_percent") == "20"
+        assert sb.parse_human(host.read(f"{bdev}/sequential_cutoff")) == 0
+        cset = sb.set_dir(sb.attached_set(host, node))
+        assert host.read(f"{cset}/congested_read_threshold_us") == "0"
     else:
         import os
         rdev = os.stat(st["cached_device"]).st_rdev
