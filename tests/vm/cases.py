@@ -8,9 +8,15 @@ BOOT1 = ("test_apply", "test_second_apply_changes_nothing", "test_write_and_read
          "test_teardown_writeback_loses_nothing", "test_prepare_reboot")
 BOOT1_ONCE = ("test_lvmcache_attaches_to_existing_lv",)
 BOOT2 = ("test_restore_after_reboot", "test_restore_again_changes_nothing")
+# After boot 1's pytest, guest/powercut.py cuts the power during one hot copy and right
+# after another; boot 2 checks what is on disk.
+BOOT2_ONCE = ("test_hot_copies_survive_the_power_cut",)
 # Guest disks: each backend gets its own partition pair (SSD part N in front of HDD part N);
-# pair 4 holds an existing LV that lvmcache attaches to.
+# pair 4 holds an existing LV that lvmcache attaches to; HDD parts 5 and 6 hold the
+# power-cut hot copies (plain XFS, which wants 300 MiB at least).
 PARTITION = {"bcache": 1, "dm-cache": 2, "lvmcache": 3}
 EXISTING_LV_PARTITION = 4
-SSD_MIB, HDD_MIB = 320, 1984
-SSD_PARTS_MIB, HDD_PARTS_MIB = (80, 80, 80), (480, 480, 480)   # part 4 takes the rest
+POWERCUT_PARTITIONS = (5, 6)
+SSD_MIB, HDD_MIB = 320, 2688
+# the last partition of each disk takes the rest
+SSD_PARTS_MIB, HDD_PARTS_MIB = (80, 80, 80), (480, 480, 480, 543, 330)

@@ -3,7 +3,8 @@ with two virtio disks, an "SSD" and an "HDD", run the guest tests inside it with
 project's venv, and report every guest case here, one host test each.
 
 Two boots per session on the same fresh sparse images: the first runs
-guest/guest_backends.py, the second (the simulated reboot) guest/guest_reboot.py.
+guest/guest_backends.py and ends in a power cut during hot copies (guest/powercut.py),
+the second (the reboot) runs guest/guest_reboot.py.
 A guest that cannot boot fails these tests; it never skips them.
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from bench import vmboot
-from cases import BACKENDS, BOOT1, BOOT1_ONCE, BOOT2, HDD_MIB, SSD_MIB
+from cases import BACKENDS, BOOT1, BOOT1_ONCE, BOOT2, BOOT2_ONCE, HDD_MIB, SSD_MIB
 
 pytestmark = pytest.mark.vm
 REPO, VENV = vmboot.REPO, vmboot.VENV
@@ -35,8 +36,9 @@ def kernel() -> str:
     return found
 
 
-def boot(workdir: Path, guest_module: str, report: str) -> tuple[int, str]:
-    """One guest boot running pytest on `guest_module`; returns (status, console log)."""
+def boot(workdir: Path, guest_module: str, report: str, then: str = "") -> tuple[int, str]:
+    """One guest boot running pytest on `guest_module`, then the guest script `then`
+    (its output in OUT/<script>.log); returns (status, console log)."""
     out = workdir / "out"
     persist = out / "persist"
     persist.mkdir(parents=True, exist_ok=True)
@@ -48,6 +50,9 @@ def boot(workdir: Path, guest_module: str, report: str) -> tuple[int, str]:
                f"-o junit_family=xunit1 --junitxml={out / report} "
                f"tests/vm/guest/{guest_module} > {out / (report + '.log')} 2>&1; "
                f"echo guest-pytest-exit=$?")
+    if then:
+        command += (f"; HOTCACHE_VM_PERSIST={persist} PYTHONDONTWRITEBYTECODE=1 {python} "
+                    f"tests/vm/guest/{then} > {out / (Path(then).stem + '.log')} 2>&1")
     kernel()
     proc = vmboot.boot(command, out, vmboot.drives(workdir), BOOT_TIMEOUT)
     (workdir / f"{report}.console").write_text(proc.stdout)
@@ -84,8 +89,9 @@ def guest(tmp_path_factory):
             f.truncate(mib * 2**20)
     found: dict[str, str | None] = {}
     problems = []
-    for module, report in (("guest_backends.py", "boot1.xml"), ("guest_reboot.py", "boot2.xml")):
-        rc, console = boot(work, module, report)
+    for module, report, then in (("guest_backends.py", "boot1.xml", "powercut.py"),
+                                 ("guest_reboot.py", "boot2.xml", "")):
+        rc, console = boot(work, module, report, then)
         xml = work / "out" / report
         if not xml.exists():
             log = work / "out" / (report + ".log")
@@ -99,7 +105,8 @@ def guest(tmp_path_factory):
 
 IDS = [f"guest_backends.py::{case}[{b}]" for b in BACKENDS for case in BOOT1] + \
       [f"guest_backends.py::{case}" for case in BOOT1_ONCE] + \
-      [f"guest_reboot.py::{case}[{b}]" for b in BACKENDS for case in BOOT2]
+      [f"guest_reboot.py::{case}[{b}]" for b in BACKENDS for case in BOOT2] + \
+      [f"guest_reboot.py::{case}" for case in BOOT2_ONCE]
 
 
 def test_guest_report_is_exactly_the_listed_cases(guest):

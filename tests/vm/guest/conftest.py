@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from vmlib import HDD, PERSIST, SSD, poll, sh
-
-from cases import HDD_PARTS_MIB, SSD_PARTS_MIB
+from vmlib import HDD, PERSIST, SSD, partition_disks, sh
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -18,12 +16,7 @@ def guest_env():
     os.environ["HOTCACHE_FSTAB"] = str(PERSIST / "fstab")
     os.environ["HOTCACHE_UNIT_DIR"] = str(PERSIST / "units")
     os.environ.setdefault("HOTCACHE_FLUSH_TIMEOUT", "300")
-    sh("modprobe", "-a", "dm-mod", "dm-cache", "dm-cache-smq", "dm-cache-cleaner", "bcache",
+    sh("modprobe", "-a", "dm-mod", "dm-cache", "dm-cache-smq", "dm-cache-cleaner", "dm-delay", "bcache",
        "xfs", "loop")
-    for disk, parts in ((SSD, SSD_PARTS_MIB), (HDD, HDD_PARTS_MIB)):
-        if not os.path.exists(f"{disk}-part1"):   # fresh images; never after the reboot
-            layout = "label: gpt\n" + "".join(f",{m}M\n" for m in parts) + ",\n"
-            sh("sfdisk", "--quiet", disk, input=layout)
-    sh("udevadm", "settle")
-    poll("partition links", lambda: all(os.path.exists(f"{d}-part4") for d in (SSD, HDD)))
+    partition_disks()
     yield

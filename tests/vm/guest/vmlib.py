@@ -96,6 +96,18 @@ def checksums(folder: Path, prefix: str = "") -> dict[str, str]:
             for p in sorted(folder.glob(f"{prefix}*.bin"))}
 
 
+def partition_disks() -> None:
+    """The partition pairs of cases.py on fresh images; nothing on later boots."""
+    for disk, parts in ((SSD, SSD_PARTS_MIB), (HDD, HDD_PARTS_MIB)):
+        if not os.path.exists(f"{disk}-part1"):
+            layout = "label: gpt\n" + "".join(f",{m}M\n" for m in parts) + ",\n"
+            sh("sfdisk", "--quiet", disk, input=layout)
+    sh("udevadm", "settle")
+    poll("partition links", lambda: all(
+        os.path.exists(f"{d}-part{len(p) + 1}")
+        for d, p in ((SSD, SSD_PARTS_MIB), (HDD, HDD_PARTS_MIB))))
+
+
 def poll(what: str, fn, timeout: float = 30.0, interval: float = 1.0):
     end = time.monotonic() + timeout
     while True:
