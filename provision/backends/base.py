@@ -7,7 +7,7 @@ so unit tests plan each backend against a fake host.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from hotcache.provision.block.host import Host
@@ -17,10 +17,24 @@ if TYPE_CHECKING:
 
 
 class Backend:
-    name = "?"
-    restores_at_boot = False    # the engine installs (and teardown removes) a restore unit
-    programs: tuple[str, ...] = ()      # must be installed
-    kernel_feature: str | None = None   # what the kernel must offer (Host.kernel_has)
+    # --- the registry entry (backends/__init__.BACKENDS): what spec validation, discover,
+    # doctor, restore, warm and the engine know about a backend, declared once, here.
+    name: ClassVar[str] = "?"
+    modes: ClassVar[tuple[str, ...]] = ()       # cache modes; the first is the default
+    tunables: ClassVar[dict[str, type]] = {}    # spec `tunables:` keys and their types
+    programs: ClassVar[tuple[str, ...]] = ()    # must be installed
+    kernel_feature: ClassVar[str | None] = None  # what the kernel must offer (Host.kernel_has)
+    modules: ClassVar[tuple[str, ...]] = ()     # what restore modprobes at boot
+    restores_at_boot: ClassVar[bool] = False    # the engine installs (teardown removes) a
+    #                                             boot-time restore unit
+    restore_why: ClassVar[str | None] = None    # what a boot loses without it (doctor says)
+    block_cache: ClassVar[bool] = True          # a cache in front of the origin (not `none`)
+    promotes_gradually: ClassVar[bool] = False  # smq: warm sweeps windows of reads first
+    min_bytes: ClassVar[int] = 64 * 2**20       # the smallest device it accepts
+
+    @classmethod
+    def default_mode(cls) -> str:
+        return cls.modes[0]
 
     def __init__(self, host: "Host"):
         self.host = host
@@ -72,6 +86,12 @@ class Backend:
         (the engine then removes the boot-time unit when `restores_at_boot`)."""
 
 
+KERNEL_FIX = {
+    "bcache": "modprobe bcache, and add `bcache` to /etc/modules-load.d/hotcache.conf so it "
+              "loads at boot; the module ships with Debian's linux-image packages",
+    "device-mapper": "modprobe dm-mod dm-cache dm-cache-smq, and add them to "
+                     "/etc/modules-load.d/hotcache.conf so they load at boot",
+}
 KERNEL_MISSING = {
     "device-mapper": "the kernel has no device-mapper (`dmsetup version` cannot reach it)",
     "bcache": "the kernel has no bcache (no /sys/fs/bcache; `modprobe bcache` failed or "

@@ -52,8 +52,14 @@ def desired_tunables(tunables: dict) -> dict:
 
 class Bcache(Backend):
     name = "bcache"
+    modes = ("writethrough", "writeback", "writearound", "none")
+    tunables = {"sequential_cutoff": int, "writeback_percent": int, "writeback_delay": int,
+                "readahead": int, "congested_read_threshold_us": int,
+                "congested_write_threshold_us": int}
     restores_at_boot = True     # tunables other than cache_mode are lost at reboot
+    restore_why = "its tunables ({what}) are reset to the kernel defaults at boot"
     kernel_feature = "bcache"
+    modules = ("bcache",)
     programs = ("make-bcache", "wipefs", "mkfs.xfs", "blkid")
 
     def owns(self, entry, dev):

@@ -78,8 +78,13 @@ class DmCache(Backend):
         return self.host.read(f"/sys/class/block/{kname}/dm/name")
 
     name = "dm-cache"
+    modes = ("writethrough", "writeback", "passthrough")
+    tunables = {"block_size": int, "policy": str, "migration_threshold": int}
     restores_at_boot = True     # raw tables vanish at reboot
+    restore_why = "its device-mapper table is gone after a reboot"
     kernel_feature = "device-mapper"
+    modules = ("dm-cache", "dm-cache-smq")
+    promotes_gradually = True   # smq
     programs = ("dmsetup", "cache_metadata_size", "mkfs.xfs", "dd", "wipefs")
 
     def owns(self, entry, dev):

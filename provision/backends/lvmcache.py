@@ -96,8 +96,12 @@ def names(host: Host, entry: dict | None, spec_name: str,
 
 class LvmCache(Backend):
     name = "lvmcache"
+    modes = ("writethrough", "writeback", "passthrough")
+    tunables = {"chunk_size": int, "policy": str, "migration_threshold": int}
     restores_at_boot = True     # activation after a boot
     kernel_feature = "device-mapper"
+    modules = ("dm-cache", "dm-cache-smq")
+    promotes_gradually = True   # smq
     programs = ("pvcreate", "vgcreate", "vgextend", "lvcreate", "lvconvert", "lvchange",
                 "lvs", "dmsetup", "mkfs.xfs", "wipefs")
 

@@ -7,6 +7,9 @@ from hotcache.provision.backends.base import Backend
 
 class Plain(Backend):
     name = "none"
+    modes = ("none",)
+    block_cache = False
+    min_bytes = 300 * 2**20     # mkfs.xfs (xfsprogs >= 5.19) refuses smaller filesystems
     programs = ("mkfs.xfs", "mount", "umount", "wipefs", "blkid")
 
     def owns(self, entry, dev):

@@ -27,7 +27,7 @@ from hotcache.provision.engine import images, owners
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.engine import bootunit
-from hotcache.provision.engine.spec import (MIN_XFS_BYTES, CacheSpec, DeviceRef, HostSpec,
+from hotcache.provision.engine.spec import (CacheSpec, DeviceRef, HostSpec,
                                             without_wipe)
 
 FSTYPE = "xfs"
@@ -328,9 +328,8 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
             devs[role] = dev
     if p.refusals:
         return
-    min_size = MIN_XFS_BYTES if spec.backend == "none" else 64 * 2**20
     for dev in devs.values():
-        preflight(p, backend, spec, entry, dev, min_size)
+        preflight(p, backend, spec, entry, dev, backend.min_bytes)
     if p.refusals:
         return
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hotcache.provision import mapping
+from hotcache.provision.backends import BACKENDS
 from hotcache.provision.block import identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.engine.apply import plan_apply
@@ -62,10 +63,8 @@ def plan_restore(env, names: list[str] | None = None):
     return plan_apply(spec, env, restoring=True)
 
 
-def _load_modules(runner, host) -> None:
+def _load_modules(runner, spec: HostSpec) -> None:
     """Kernel modules the recorded backends need (a fresh boot may not have them yet)."""
-    modules = {"bcache": ["bcache"], "dm-cache": ["dm-cache", "dm-cache-smq"],
-               "lvmcache": ["dm-cache", "dm-cache-smq"]}
-    wanted = sorted({m for c in host.caches for m in modules.get(c.backend, [])})
+    wanted = sorted({m for c in spec.caches for m in BACKENDS[c.backend].modules})
     if wanted and not runner.dry_run:
         runner.run(["modprobe", "-a", *wanted], check=False)

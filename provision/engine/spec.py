@@ -18,31 +18,14 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hotcache.provision.backends import BACKENDS
 from hotcache.provision.errors import SpecError
 
 SPEC_VERSION = 1
-BACKENDS = ("none", "bcache", "dm-cache", "lvmcache")
-MODES = {
-    "none": ("none",),
-    "bcache": ("writethrough", "writeback", "writearound", "none"),
-    "dm-cache": ("writethrough", "writeback", "passthrough"),
-    "lvmcache": ("writethrough", "writeback", "passthrough"),
-}
-DEFAULT_MODE = {"none": "none", "bcache": "writethrough", "dm-cache": "writethrough",
-                "lvmcache": "writethrough"}
-TUNABLES = {
-    "none": {},
-    "bcache": {"sequential_cutoff": int, "writeback_percent": int, "writeback_delay": int,
-               "readahead": int, "congested_read_threshold_us": int,
-               "congested_write_threshold_us": int},
-    "dm-cache": {"block_size": int, "policy": str, "migration_threshold": int},
-    "lvmcache": {"chunk_size": int, "policy": str, "migration_threshold": int},
-}
 # Options that contradict `noatime`, which hotcache always sets (reads must not write).
 ATIME_OPTIONS = {"atime", "strictatime", "relatime", "lazytime"}
 SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/proc",
                "/root", "/run", "/sbin", "/sys", "/tmp", "/usr", "/var"}
-MIN_XFS_BYTES = 300 * 1024**2  # mkfs.xfs (xfsprogs >= 5.19) refuses smaller filesystems
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
@@ -137,7 +120,7 @@ class Filesystem(Strict):
 
 class CacheSpec(Strict):
     name: str = Field(description="Unique name: letters, digits, '-' and '_'.")
-    backend: Literal["none", "bcache", "dm-cache", "lvmcache"] = Field(
+    backend: Literal[tuple(BACKENDS)] = Field(  # type: ignore[valid-type]
         description="none = XFS straight on the SSD; bcache, dm-cache or lvmcache put the "
                     "SSD in front of the origin.")
     origin: DeviceRef = Field(description="The slow device (HDD, md array); for backend "
@@ -157,7 +140,7 @@ class CacheSpec(Strict):
 
     @property
     def effective_mode(self) -> str:
-        return self.mode or DEFAULT_MODE[self.backend]
+        return self.mode or BACKENDS[self.backend].default_mode()
 
     def devices(self) -> dict[str, DeviceRef]:
         return {"origin": self.origin, **({"cache": self.cache} if self.cache else {})}
@@ -229,16 +212,18 @@ def _semantic(spec: HostSpec) -> list[str]:
         if c.name in seen_names:
             problems.append(f"{at}.name: {c.name!r} is also the name of caches[{seen_names[c.name]}]")
         seen_names.setdefault(c.name, i)
-        if c.backend == "none" and c.cache is not None:
-            problems.append(f"{at}.cache: backend none puts XFS straight on `origin`; "
-                            "remove `cache` or choose bcache, dm-cache or lvmcache")
-        if c.backend != "none" and c.cache is None:
+        backend = BACKENDS[c.backend]
+        if not backend.block_cache and c.cache is not None:
+            caches = ", ".join(n for n, b in BACKENDS.items() if b.block_cache)
+            problems.append(f"{at}.cache: backend {c.backend} puts XFS straight on `origin`; "
+                            f"remove `cache` or choose {caches}")
+        if backend.block_cache and c.cache is None:
             problems.append(f"{at}.cache: backend {c.backend} needs a cache device (the SSD)")
-        if c.mode is not None and c.mode not in MODES[c.backend]:
+        if c.mode is not None and c.mode not in backend.modes:
             problems.append(f"{at}.mode: {c.mode!r} is not a {c.backend} mode; "
-                            f"use one of {', '.join(MODES[c.backend])}")
+                            f"use one of {', '.join(backend.modes)}")
         for key, value in c.tunables.items():
-            allowed = TUNABLES[c.backend]
+            allowed = backend.tunables
             if key not in allowed:
                 problems.append(f"{at}.tunables.{key}: not a {c.backend} tunable"
                                 + (f"; known: {', '.join(sorted(allowed))}" if allowed else ""))

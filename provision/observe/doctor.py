@@ -18,6 +18,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from hotcache.provision import mapping
+from hotcache.provision.backends import BACKENDS
+from hotcache.provision.backends.base import KERNEL_FIX
 from hotcache.provision.system import fstab
 from hotcache.provision.engine.status import Code as Drift
 from hotcache.provision.errors import HotcacheError
@@ -26,17 +28,10 @@ from hotcache.provision.system.runner import PACKAGES, Runner, which
 PROBLEM, WARNING, OK = "problem", "warning", "ok"
 # Programs every backend needs (mounting, loop images, identifying filesystems).
 BASE_PROGRAMS = ("mount", "umount", "losetup", "blkid", "wipefs", "mkfs.xfs", "findmnt")
-KERNEL_FEATURE = {"bcache": "bcache", "dm-cache": "device-mapper", "lvmcache": "device-mapper"}
-KERNEL_FIX = {
-    "bcache": "modprobe bcache, and add `bcache` to /etc/modules-load.d/hotcache.conf so it "
-              "loads at boot; the module ships with Debian's linux-image packages",
-    "device-mapper": "modprobe dm-mod dm-cache dm-cache-smq, and add them to "
-                     "/etc/modules-load.d/hotcache.conf so they load at boot",
-}
-# Backends whose settings the kernel forgets at reboot unless something restores them:
-# bcache keeps only cache_mode in its superblock, raw dm-cache tables vanish entirely.
-RESTORE_NEEDED = {"bcache": "its tunables ({what}) are reset to the kernel defaults at boot",
-                  "dm-cache": "its device-mapper table is gone after a reboot"}
+KERNEL_FEATURE = {n: b.kernel_feature for n, b in BACKENDS.items() if b.kernel_feature}
+# Backends whose settings the kernel forgets at reboot unless something restores them
+# (bcache keeps only cache_mode in its superblock, raw dm-cache tables vanish entirely).
+RESTORE_NEEDED = {n: b.restore_why for n, b in BACKENDS.items() if b.restore_why}
 # ".../venv/bin/hotcache restore [NAME] [--options]"
 RESTORE_COMMAND = re.compile(r"hotcache\S*\s+restore\b(?:\s+(?P<cache>[^-\s]\S*))?")
 UDEV_RULE_DIRS = ("/etc/udev/rules.d", "/lib/udev/rules.d", "/usr/lib/udev/rules.d")
@@ -200,11 +195,9 @@ def check_kernel(caches: dict) -> list[Finding]:
 
 
 def check_programs(caches: dict) -> list[Finding]:
-    from hotcache.provision.backends import BACKENDS
-
     used = used_backends(caches) | {"none"}
     out = []
-    for name in ("none", "bcache", "dm-cache", "lvmcache"):
+    for name in BACKENDS:
         programs = BASE_PROGRAMS if name == "none" else BACKENDS[name].programs
         missing = [p for p in dict.fromkeys(programs) if which(p) is None]
         if not missing:

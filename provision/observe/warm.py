@@ -67,14 +67,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from hotcache.provision.backends import BACKENDS
 from hotcache.provision.system import beneath
 from hotcache.provision.system import sizes as units
 from hotcache.provision.errors import HotcacheError, UsageError
 from hotcache.provision.hotcopy.filecopy import CHUNK, default_jobs
 from hotcache.provision.system.meter import NullMeter
 
-SMQ = ("dm-cache", "lvmcache")   # smq promotes gradually: a sweep of windows first
-BLOCK_CACHES = ("bcache", *SMQ)
 WINDOWS = 8             # the focused sweep's windows, at most
 MIN_WINDOW = 8 << 20    # bytes: smaller data sets get fewer windows
 WINDOW_READS = 6        # reads of one window, at most
@@ -468,7 +467,7 @@ def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None =
         if found:
             cache, entry = found
             backend = entry.get("backend")
-            if backend in BLOCK_CACHES:
+            if backend in BACKENDS and BACKENDS[backend].block_cache:
                 from hotcache.provision.system.runner import Runner
 
                 runner = runner or Runner()
@@ -509,8 +508,9 @@ def _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache)
         st = os.stat(path.name, dir_fd=root_fd, follow_symlinks=False)
         files = [(Path(path.name), st.st_size)] if stat.S_ISREG(st.st_mode) else []
     total = sum(size for _, size in files)
-    block = backend in BLOCK_CACHES
-    smq = backend in SMQ
+    facts = BACKENDS.get(backend)
+    block = facts is not None and facts.block_cache
+    smq = facts is not None and facts.promotes_gradually   # a sweep of windows first
     limit = max_passes if block else 1
     before = stats()
     reader = Reader(jobs or default_jobs(), block, meter, stats, before, root_fd,
