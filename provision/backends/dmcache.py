@@ -17,7 +17,6 @@ from hotcache.provision.block import probe
 from hotcache.provision.errors import CommandFailed, FlushIncomplete, HotcacheError, ProbeFailed
 from hotcache.provision.plan import Ref
 from hotcache.provision.system.runner import Runner
-from hotcache.provision.system.waits import wait_until
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend
 

@@ -4,8 +4,6 @@ each step's argv is the exact one that runs. The real lvm2 runs it in the guest 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from hotcache.provision.backends import lvmcache
