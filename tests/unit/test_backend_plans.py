@@ -15,6 +15,7 @@ import yaml
 from hotcache.provision.engine import bootunit
 from hotcache.provision.engine.apply import fstab_options, plan_apply, recorded_spec
 from hotcache.provision.engine.restore import plan_restore
+from hotcache.provision.engine.teardown import plan_teardown
 from hotcache.provision.engine.spec import HostSpec
 from hotcache.provision.errors import RefusedError
 from hotcache.provision.system import fstab
@@ -409,3 +410,27 @@ def test_the_fake_host_has_no_answer_for_an_unknown_probe(fake):
         fake.runner.query(["lsblk", "--json"])
     with pytest.raises(AssertionError, match="no answer"):
         fake.runner.query(["lvs", "--select", "lv_kernel_major=254"])
+
+
+def test_bcache_teardown_unmounts_detaches_stops_and_unregisters_in_that_order(fake):
+    bcache_built(fake)
+    env = fake.env_
+    assert steps(plan_teardown("c1", env)) == [
+        ["umount", MP],
+        "detach the cache set (bcache first writes every dirty block back to the origin) "
+        "and wait for state `no cache`",
+        "stop the bcache device on /dev/vdb",
+        f"unregister cache set {CSET} (only once no backing device is attached)",
+        f"remove the boot-time restore unit {bootunit.unit_dir()}/hotcache-restore-c1.service",
+        f"remove the entry of c1 from {env.fstab} (only a line that mounts its UUID on {MP} "
+        "goes with its marker)",
+        f"remove c1 from the mapping {env.state}",
+    ]
+
+
+def test_bcache_teardown_of_a_cache_not_registered_is_refused(fake):
+    """After a boot before restore: nothing to flush through, so nothing is touched."""
+    bcache_built(fake, registered=False)
+    with pytest.raises(RefusedError, match="not registered with the kernel"):
+        plan_teardown("c1", fake.env_)
+    assert fake.runner.recorded == []
