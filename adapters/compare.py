@@ -96,7 +96,7 @@ def run_root(label: str, root: str | Path, *, loader: str = "torch", batch_size:
              limit: int | None = None, drop_caches: bool = False) -> Run:
     info = describe(root, label)
     if not info.path.is_dir():
-        from hotcache.provision.errors import DataRootError
+        from .errors import DataRootError
 
         raise DataRootError(f"--{label} {root}: no such directory",
                             hint="give the dataset folder (class folders or TFRecord files)")

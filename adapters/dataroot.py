@@ -28,7 +28,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hotcache.provision.errors import DataRootError
+from .errors import DataRootError
 from hotcache.provision.hotcopy.format import STAGING_SUFFIX, CopyState, copy_state, staging_dir
 
 from .blockinfo import SYS_DEV_BLOCK, Backing, backing_of

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hotcache.provision.errors import DataRootError
+from .errors import DataRootError
 from hotcache.provision.hotcopy.format import RESERVED
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")

@@ -28,7 +28,7 @@ import os
 import socket
 from pathlib import Path
 
-from hotcache.provision.errors import CacheLockedError, DataRootError
+from .errors import CacheLockedError, DataRootError
 from hotcache.provision.hotcopy.format import label_ok  # noqa: F401  (tfdata's check)
 
 log = logging.getLogger("hotcache.adapters")

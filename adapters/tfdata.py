@@ -19,7 +19,7 @@ from time import perf_counter
 
 import tensorflow as tf
 
-from hotcache.provision.errors import DataRootError
+from .errors import DataRootError
 
 from . import tfcache
 from .dataroot import data_root, hot_copy_at
@@ -88,7 +88,7 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
 
     if kind == "tfrecord":
         if not tfrecords:
-            from hotcache.provision.errors import DataRootError
+            from .errors import DataRootError
 
             raise DataRootError(f"{root}: no TFRecord files ({', '.join(TFRECORD_SUFFIXES)}) found",
                                 hint="point DATA_ROOT at the folder holding the shards, or use kind='images'")

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hotcache.provision.errors import DataRootError
+from .errors import DataRootError
 from hotcache.provision.hotcopy.format import MANIFEST, RESERVED, read_manifest
 
 ENV_COLD = "DATA_COLD_ROOT"

@@ -128,18 +128,6 @@ class FlushIncomplete(HotcacheError):
     exit_code = ExitCode.FAILED
 
 
-class DataRootError(HotcacheError):
-    """The training adapters: DATA_ROOT is unset, missing, or not the hot copy asked for."""
-
-    exit_code = ExitCode.BAD_INPUT
-
-
-class CacheLockedError(HotcacheError):
-    """A tf.data cache directory is locked by a running job, or by one we cannot identify."""
-
-    exit_code = ExitCode.REFUSED
-
-
 class ProbeFailed(CommandFailed):
     """A read-only probe (blkid, wipefs, lsblk, dmsetup, lvs) failed or printed what
     hotcache cannot parse. Never read as "blank" or "absent": that is how data is lost."""

@@ -9,9 +9,7 @@ half-built devices instead of refusing them as foreign.
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,7 @@ from hotcache.provision.errors import KernelUnsupported, ProbeFailed, RefusedErr
 from hotcache.provision.engine import images, owners
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
 from hotcache.provision.system.runner import Runner
+from hotcache.provision.system.users import parse_owner
 from hotcache.provision.engine import bootunit
 from hotcache.provision.engine.spec import (CacheSpec, DeviceRef, HostSpec,
                                             without_wipe)
@@ -454,22 +453,14 @@ def _plan_owner(p: Planner, spec: CacheSpec, mounting: bool) -> None:
     mp = os.path.normpath(fs.mountpoint)
     st = None if mounting or not os.path.isdir(mp) else os.stat(mp)
     if fs.owner:
-        uid, gid = _owner_ids(fs.owner)
-        if st is None or st.st_uid != uid or (gid is not None and st.st_gid != gid):
+        owner = parse_owner(fs.owner)     # the spec checked that it exists
+        if st is None or st.st_uid != owner.uid or (owner.gid is not None
+                                                    and st.st_gid != owner.gid):
             p.run(f"give {mp} to {fs.owner}", ["chown", fs.owner, mp])
     if fs.mode:
         want = int(fs.mode, 8)
         if st is None or (st.st_mode & 0o7777) != want:
             p.run(f"set the mode of {mp} to {fs.mode}", ["chmod", fs.mode, mp])
-
-
-def _owner_ids(owner: str) -> tuple[int, int | None]:
-    user, _, group = owner.partition(":")
-    uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
-    gid = None
-    if group:
-        gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
-    return uid, gid
 
 
 def _identity_missing(entry: dict | None) -> bool:

@@ -8,9 +8,7 @@ at once, so a spec can be fixed in one go. Nothing here touches the host's state
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hotcache.provision.backends import BACKENDS
 from hotcache.provision.errors import SpecError
+from hotcache.provision.system import sizes
+from hotcache.provision.system.users import parse_owner
 
 SPEC_VERSION = 1
 # Options that contradict `noatime`, which hotcache always sets (reads must not write).
@@ -28,7 +28,6 @@ SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", 
                "/root", "/run", "/sbin", "/sys", "/tmp", "/usr", "/var"}
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
 
 
 def parse_size(value: int | str) -> int:
@@ -39,14 +38,10 @@ def parse_size(value: int | str) -> int:
         if value <= 0:
             raise ValueError("size must be positive")
         return value
-    m = _SIZE.match(str(value))
-    if not m:
-        raise ValueError(f"size {value!r} is not a size: write it like 512M, 2G or 1T")
-    number, unit = float(m.group(1)), m.group(2).lower()
-    result = int(number * 1024 ** " kmgtp".index(unit or " "))
-    if result <= 0:
-        raise ValueError("size must be positive")
-    return result
+    try:
+        return sizes.parse_size(str(value))
+    except ValueError as exc:
+        raise ValueError(f"size {exc}") from None
 
 
 class Strict(BaseModel):
@@ -298,18 +293,7 @@ def _check_device(at: str, dev: DeviceRef) -> list[str]:
 
 
 def _check_owner(at: str, owner: str) -> list[str]:
-    user, _, group = owner.partition(":")
-    problems = []
-    try:
-        pwd.getpwnam(user) if not user.isdigit() else None
-    except KeyError:
-        problems.append(f"{at}: user {user!r} does not exist on this host")
-    if group:
-        try:
-            grp.getgrnam(group) if not group.isdigit() else None
-        except KeyError:
-            problems.append(f"{at}: group {group!r} does not exist on this host")
-    return problems
+    return [f"{at}: {what} does not exist on this host" for what in parse_owner(owner).missing]
 
 
 def parse_spec(text: str, source: str = "<spec>") -> HostSpec:

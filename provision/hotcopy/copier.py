@@ -18,7 +18,6 @@ How a copy runs:
 from __future__ import annotations
 
 import errno
-import grp
 import json
 import os
 import pwd
@@ -29,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hotcache.provision import __version__
-from hotcache.provision.system import beneath, fsops
+from hotcache.provision.system import beneath, fsops, sizes, users
 from hotcache.provision.hotcopy import manifest
 from hotcache.provision.errors import DriftError, HotcacheError, RefusedError, UsageError
 from hotcache.provision.hotcopy.filecopy import CHUNK, Done, FileCopier, Limiter, default_jobs
@@ -110,16 +109,16 @@ def user_entries(dest: Path) -> list[str]:
 def parse_owner(owner: str | None) -> tuple[int, int] | None:
     if owner is None:
         return None
-    user, sep, group = owner.partition(":")
+    found = users.parse_owner(owner)
+    uid, gid = found.uid, found.gid
     try:
-        uid = int(user) if user.isdigit() else pwd.getpwnam(user).pw_uid
-        if not sep or not group:
-            gid = pwd.getpwuid(uid).pw_gid
-        else:
-            gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+        if uid is not None and not found.group_given:
+            gid = pwd.getpwuid(uid).pw_gid          # the user's own group
     except KeyError:
+        uid = None
+    if found.missing or uid is None:
         raise UsageError(f"--owner {owner}: no such user or group on this host",
-                         hint="give user:group as names or numbers, e.g. --owner train:train") from None
+                         hint="give user:group as names or numbers, e.g. --owner train:train")
     if os.geteuid() != 0 and uid != os.geteuid():
         raise UsageError(f"--owner {owner}: only root can give files to another user",
                          hint="run as root, or leave --owner out")
@@ -147,18 +146,13 @@ def dir_mode(file_mode: int) -> int:
 
 
 def parse_rate(text: str | None) -> int | None:
-    """'50M' -> 52428800 bytes/s (K, M, G are powers of 1024)."""
+    """'50M' -> 52428800 bytes/s (system/sizes.py's grammar)."""
     if text is None:
         return None
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    t = text.strip().upper().removesuffix("B").removesuffix("I")
     try:
-        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
-    except (ValueError, KeyError):
-        value = 0
-    if value <= 0:
-        raise UsageError(f"--bwlimit {text}: give bytes per second, e.g. 200M")
-    return int(value)
+        return sizes.parse_size(text)
+    except ValueError:
+        raise UsageError(f"--bwlimit {text}: give bytes per second, e.g. 200M") from None
 
 
 # ---------------------------------------------------------------- the whole copy

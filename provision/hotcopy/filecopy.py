@@ -16,10 +16,10 @@ from pathlib import Path
 
 from hotcache.provision.system import beneath, fsops
 from hotcache.provision.errors import HotcacheError
+from hotcache.provision.system.chunks import CHUNK, sha256_of, thread_buffer
 from hotcache.provision.system.meter import NullMeter
 from hotcache.provision.hotcopy.selection import Entry
 
-CHUNK = 1 << 20
 LARGE = 64 << 20          # files this size and up are copied at most LARGE_STREAMS at a time
 WRITE_BEHIND = 8 << 20    # within a large file, start writeback every 8 MiB: the disk
                           # writes while we read and hash, instead of all at the final sync
@@ -61,13 +61,6 @@ class Limiter:
 
 class _Changed(Exception):
     """The source file changed while it was read."""
-
-
-def buffer(local: threading.local) -> memoryview:
-    buf = getattr(local, "buf", None)
-    if buf is None:
-        buf = local.buf = memoryview(bytearray(CHUNK))
-    return buf
 
 
 @dataclass
@@ -118,12 +111,9 @@ class FileCopier:
         h = hashlib.sha256()
         fd = self.open_source(e)
         try:
-            buf = buffer(self._local)
-            while n := os.readv(fd, [buf]):
-                h.update(buf[:n])
+            return sha256_of(fd, thread_buffer(self._local))
         finally:
             os.close(fd)
-        return h.hexdigest()
 
     def copy(self, e: Entry) -> Done:
         if e.size >= LARGE:
@@ -173,7 +163,7 @@ class FileCopier:
         if size >= PIPELINE:
             return self._pump_pipelined(sfd, dfd, size)
         h = hashlib.sha256()
-        buf = buffer(self._local)
+        buf = thread_buffer(self._local)
         total = flushed = 0
         while total < size and (n := os.readv(sfd, [buf])):
             view = self._moved(buf[:n])

@@ -11,10 +11,10 @@ petastorm#814: 34 h down to 9 h). Standard library only: the adapters' advice re
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import asdict, dataclass
 
 from hotcache.provision.errors import UsageError
+from hotcache.provision.system import sizes
 
 MARGIN_LOW = 1.2       # cache >= 1.2 x data: fits with the margin the documents ask for
 MARGIN_HIGH = 1.5
@@ -22,8 +22,6 @@ MARGIN_HIGH = 1.5
 FITS = "fits with margin"
 TIGHT = "fits without margin"
 SPILLS = "does not fit"
-
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 @dataclass(frozen=True)
@@ -66,11 +64,11 @@ def advise(need: int, capacity: int, what: str = "the data",
 
 def parse_size(text: str, option: str = "--budget") -> int:
     """'200G' -> bytes (K, M, G, T are powers of 1024; a trailing B or iB is allowed)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*", text.upper())
-    if not m or float(m.group(1)) <= 0:
+    try:
+        return sizes.parse_size(text)
+    except ValueError:
         raise UsageError(f"{option} {text}: give a size (e.g. 200G) or a share of the fast "
-                         f"tier (e.g. 80%)")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+                         f"tier (e.g. 80%)") from None
 
 
 def budget_bytes(spec: str | None, folder: os.PathLike, reusable: int = 0) -> tuple[int, str]:

@@ -9,7 +9,6 @@ The result (verified_at, verify_ok) goes into the copy's metadata and the mappin
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -20,10 +19,11 @@ from pathlib import Path
 from hotcache.provision.hotcopy import manifest
 from hotcache.provision.system import beneath
 from hotcache.provision.errors import HotcacheError, UsageError
-from hotcache.provision.hotcopy.filecopy import CHUNK, default_jobs
+from hotcache.provision.hotcopy.filecopy import default_jobs
 from hotcache.provision.hotcopy.format import (MANIFEST, METADATA, RESERVED, STAGING_SUFFIX,
                                                read_metadata)
 from hotcache.provision.mapping import now
+from hotcache.provision.system.chunks import CHUNK, sha256_of
 from hotcache.provision.system.meter import NullMeter
 
 
@@ -31,20 +31,15 @@ def sha256_file(root_fd: int, rel: str, meter: NullMeter, evict: bool = False) -
     """The sha256 of `rel` beneath the folder `root_fd` (no symlink followed anywhere on
     the way). With `evict`, its cached pages are dropped first so the bytes come from the
     device, not from what the page cache remembers of the write."""
-    h = hashlib.sha256()
-    buf = memoryview(bytearray(CHUNK))
     fd = beneath.open_at(root_fd, rel, os.O_RDONLY | os.O_NONBLOCK)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return "not a regular file"
         if evict:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        while n := os.readv(fd, [buf]):
-            h.update(buf[:n])
-            meter.advance(n)
+        return sha256_of(fd, memoryview(bytearray(CHUNK)), meter.advance)
     finally:
         os.close(fd)
-    return h.hexdigest()
 
 
 def hash_files(root_fd: int, rels: list[str], digests: dict[str, str], jobs: int,

@@ -71,7 +71,8 @@ from hotcache.provision.backends import BACKENDS
 from hotcache.provision.system import beneath
 from hotcache.provision.system import sizes as units
 from hotcache.provision.errors import HotcacheError, UsageError
-from hotcache.provision.hotcopy.filecopy import CHUNK, default_jobs
+from hotcache.provision.hotcopy.filecopy import default_jobs
+from hotcache.provision.system.chunks import CHUNK, chunks, thread_buffer
 from hotcache.provision.system.meter import NullMeter
 
 WINDOWS = 8             # the focused sweep's windows, at most
@@ -104,9 +105,7 @@ def read_file(root_fd: int, rel: Path, evict: bool, meter: NullMeter,
     """Read one file beneath `root_fd` (no symlink followed on the way: a folder swapped
     for a symlink since the listing is an error, not a read elsewhere); (bytes, seconds
     the read took)."""
-    buf = getattr(local, "buf", None)
-    if buf is None:
-        buf = local.buf = memoryview(bytearray(CHUNK))
+    buf = thread_buffer(local)
     t0 = time.monotonic()
     try:
         fd = beneath.open_at(root_fd, str(rel), os.O_RDONLY | os.O_NONBLOCK)
@@ -121,9 +120,9 @@ def read_file(root_fd: int, rel: Path, evict: bool, meter: NullMeter,
         if evict:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-        while n := os.readv(fd, [buf]):
-            total += n
-            meter.advance(n)
+        for chunk in chunks(fd, buf):
+            total += len(chunk)
+            meter.advance(len(chunk))
     finally:
         os.close(fd)
     meter.file_done()

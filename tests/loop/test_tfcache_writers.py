@@ -17,7 +17,7 @@ import time
 import pytest
 
 from hotcache.adapters import tfcache
-from hotcache.provision.errors import CacheLockedError, DataRootError
+from hotcache.adapters.errors import CacheLockedError, DataRootError
 
 pytestmark = pytest.mark.root
 

@@ -12,7 +12,7 @@ import pytest
 
 from hotcache.adapters import data_root
 from hotcache.adapters import blockinfo
-from hotcache.provision.errors import DataRootError
+from hotcache.adapters.errors import DataRootError
 
 from .adapters_helpers import make_jpegs, write_half_copy, write_hot_copy
 

@@ -15,7 +15,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 from hotcache.adapters import DataWaitCallback, make_dataset, timed  # noqa: E402
-from hotcache.provision.errors import CacheLockedError  # noqa: E402
+from hotcache.adapters.errors import CacheLockedError  # noqa: E402
 
 from .adapters_helpers import make_jpegs, make_tfrecords, write_hot_copy  # noqa: E402
 

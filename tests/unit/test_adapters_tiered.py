@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from hotcache.adapters import data_root, timed
-from hotcache.provision.errors import DataRootError
+from hotcache.adapters.errors import DataRootError
 from tests.unit.adapters_helpers import make_jpegs, write_hot_copy
 
 PER_CLASS = 6
