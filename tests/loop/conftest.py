@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import os
+import pwd
+import subprocess
+
 import pytest
 
 from tests.helpers import cleanup
@@ -14,3 +18,15 @@ def sandbox(tmp_path, monkeypatch):
     (tmp_path / "mnt").mkdir()
     yield tmp_path
     cleanup(tmp_path)
+
+
+@pytest.fixture
+def user():
+    """An unprivileged user made for the test (removed afterwards)."""
+    name = f"hcuser{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                   check=True, capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], check=False, capture_output=True)

@@ -6,7 +6,6 @@ rules. Root: the venv belongs to a user made for the test."""
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import sys
@@ -20,17 +19,6 @@ from hotcache.provision.errors import RefusedError, UsageError
 from hotcache.provision.system import units
 
 pytestmark = pytest.mark.root
-
-
-@pytest.fixture
-def user():
-    name = f"hcven{os.getpid() % 100000}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                   check=True, capture_output=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], check=False, capture_output=True)
 
 
 def user_venv(root: Path, user) -> Path:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import stat
 import subprocess
 from pathlib import Path
@@ -22,18 +21,6 @@ from tests.loop.test_copy_xfs import fill_until, small_xfs
 from tests.unit.test_copy import make_dataset, sha256sum_check, tree
 
 pytestmark = pytest.mark.root
-
-
-@pytest.fixture
-def user():
-    """An unprivileged user made for the test (removed afterwards)."""
-    name = f"hcatk{os.getpid() % 100000}"
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                   check=True, capture_output=True)
-    try:
-        yield pwd.getpwnam(name)
-    finally:
-        subprocess.run(["userdel", name], check=False, capture_output=True)
 
 
 @pytest.fixture
