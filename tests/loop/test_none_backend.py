@@ -183,19 +183,24 @@ def test_refuses_a_mounted_device(sandbox):
     (other / "precious").write_text("keep me")
     subprocess.run(["sync"], check=True)
     before = head(dev)
-    spec = sandbox / "spec.yaml"
-    spec.write_text(f"""caches:
-  - name: hot
-    backend: none
-    origin: {{path: {dev}, wipe: true}}
-    filesystem: {{mountpoint: {sandbox}/mnt/hot}}
-""")
-    proc = hotcache("apply", spec, "--yes")
+    proc = hotcache("apply", wipe_spec(sandbox, dev), "--yes")
     assert proc.returncode == 3
     assert f"mounted at {other}" in proc.stderr and "even with wipe: true" in proc.stderr
     unchanged_host(sandbox)
     assert head(dev) == before and (other / "precious").read_text() == "keep me"
     assert findmnt(other)["source"] == dev
+
+
+def wipe_spec(sandbox, device: str):
+    """A spec that puts XFS straight on `device`, with consent to wipe it."""
+    spec = sandbox / "spec.yaml"
+    spec.write_text(f"""caches:
+  - name: hot
+    backend: none
+    origin: {{path: {device}, wipe: true}}
+    filesystem: {{mountpoint: {sandbox}/mnt/hot}}
+""")
+    return spec
 
 
 def root_disk() -> str:
@@ -216,14 +221,7 @@ def test_refuses_the_root_device(sandbox):
     """(The root disk's bytes cannot be compared here: this machine's device cgroup
     refuses even root a read of it. The mapping, fstab and mountpoint are checked.)"""
     disk = root_disk()
-    spec = sandbox / "spec.yaml"
-    spec.write_text(f"""caches:
-  - name: hot
-    backend: none
-    origin: {{path: {disk}, wipe: true}}
-    filesystem: {{mountpoint: {sandbox}/mnt/hot}}
-""")
-    proc = hotcache("apply", spec, "--yes")
+    proc = hotcache("apply", wipe_spec(sandbox, disk), "--yes")
     assert proc.returncode == 3 and "root filesystem" in proc.stderr, proc.stderr
     unchanged_host(sandbox)
 
