@@ -61,18 +61,39 @@ def load(path: Path) -> dict:
         raise UsageError(f"mapping {path}: the entries of {', '.join(broken)} are not "
                          "mappings: the file was truncated or edited", hint=BROKEN_HINT)
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if version is not None and version != SCHEMA_VERSION:
         raise UsageError(f"mapping {path} has schema_version {version!r}; this hotcache "
                          f"({__version__}) reads version {SCHEMA_VERSION}",
                          hint="use the hotcache version that wrote it")
+    _check_whole(path, data)
+    if version is None:
+        raise UsageError(f"mapping {path} has no schema_version", hint=BROKEN_HINT)
     return data
 
 
+def _check_whole(path: Path, data: dict) -> None:
+    """A mapping cut at a line boundary still parses: as fewer caches, or as an entry
+    with fields missing (a cut inside the last one). save() writes `entries` (how many
+    caches) and then `updated`, last, so a file cut anywhere lacks `updated`, and one
+    whose entries were cut out of the middle lists fewer than `entries`."""
+    if not isinstance(data.get("updated"), str) or list(data)[-1] != "updated":
+        raise UsageError(f"mapping {path} does not end with the `updated:` line hotcache "
+                         "writes last: the file was cut short (or not written by hotcache)",
+                         hint=BROKEN_HINT)
+    count = data.get("entries")
+    if count is not None and count != len(data["caches"]):
+        raise UsageError(f"mapping {path} lists {len(data['caches'])} caches where it was "
+                         f"written with {count}: entries were cut out or edited",
+                         hint=BROKEN_HINT)
+
+
 def save(path: Path, data: dict) -> None:
-    data["schema_version"] = SCHEMA_VERSION
-    data["tool_version"] = __version__
-    data.pop("updated", None)
-    data["updated"] = now()      # last, so a file cut short lacks it
+    # The version first, `entries` and `updated` last: a file cut short lacks them.
+    body = {k: v for k, v in data.items()
+            if k not in ("schema_version", "tool_version", "entries", "updated")}
+    data.clear()
+    data.update(schema_version=SCHEMA_VERSION, tool_version=__version__, **body,
+                entries=len(body.get("caches") or {}), updated=now())
     write_atomic(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
 
 

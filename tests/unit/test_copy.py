@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hotcache.provision import mapping
+
 from tests.helpers import hotcache, hotcache_json
 
 META = ".hotcache-copy.json"
@@ -234,9 +236,9 @@ def test_copy_on_a_managed_mount_is_recorded_in_the_mapping(env):
     state.parent.mkdir()
     mount = env / "mnt" / "hot"
     mount.mkdir(parents=True)
-    state.write_text(yaml.safe_dump({"schema_version": 1, "caches": {"hot": {
-        "backend": "none", "state": "ready",
-        "filesystem": {"mountpoint": str(mount)}, "hot_copies": {}}}}))
+    mapping.save(state, {"caches": {"hot": {
+        "backend": "none", "state": "ready", "devices": {}, "spec": {},
+        "filesystem": {"mountpoint": str(mount)}, "hot_copies": {}}}})
     src = make_dataset(env / "src", n=3)
     dest = mount / "pets"
     hotcache("copy", src, dest, "--name", "pets", check=True)

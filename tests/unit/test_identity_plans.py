@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from hotcache.provision import mapping
 from hotcache.provision.backends.dmcache import DmCache
 from hotcache.provision.engine.apply import Device, plan_apply
 from hotcache.provision.engine.restore import plan_restore
@@ -55,7 +56,8 @@ def env(host, tmp_path):
 
 
 def save(env, **caches):
-    env.state.write_text(yaml.safe_dump({"schema_version": 1, "caches": caches}))
+    # keys sorted, as yaml.safe_dump writes them (plans follow the devices' order)
+    mapping.save(env.state, yaml.safe_load(yaml.safe_dump({"caches": caches})))
 
 
 def argvs(plan):
@@ -263,3 +265,36 @@ def test_a_writeback_origin_whose_superblock_is_only_in_the_cache_is_still_found
     assert argvs(plan)[2][:3] == ["dmsetup", "create", "hc-c1"]
     assert any(s.summary.startswith("check that /dev/mapper/hc-c1 shows the filesystem")
                for s in plan.steps)
+
+
+# --- lvmcache: the PVs hotcache made are found by their PV UUIDs ------------------------
+
+def test_lvmcache_pv_whose_uuid_differs_is_refused_by_restore_and_teardown(host, env,
+                                                                           monkeypatch):
+    """The SSD hotcache made a PV (recorded PV UUID) now carries another PV (another
+    host's disk moved in under the same serial-less name, or a re-pvcreate): restore and
+    teardown --wipe refuse it, naming both UUIDs, and plan nothing."""
+    from hotcache.provision.backends import lvmcache
+
+    host.disk("vda", "ssd1", 64, type="LVM2_member", uuid="PV-someone-else")
+    host.disk("vdc", "hdd1", 1024, type="LVM2_member", uuid="PV-hdd")
+    spec = dict(SPEC, backend="lvmcache")
+    save(env, c1=entry(spec=spec, backend_state={
+        "vg": "hc_c1", "origin_lv": "data", "adopted": False, "vg_uuid": "VG", "lv_uuid": "LV",
+        "pv_uuids": {"origin": "PV-hdd", "cache": "PV-ssd"}}))
+    monkeypatch.setattr(lvmcache, "lv_info", lambda runner, vg, lv: {
+        "lv_name": "data", "lv_attr": "Cwi-aoC---", "segtype": "cache", "cache_mode":
+        "writeback", "cache_policy": "smq", "vg_uuid": "VG", "lv_uuid": "LV"})
+    before = env.state.read_bytes()
+    for attempt in (lambda: plan_restore(env), lambda: plan_teardown("c1", env, wipe=True)):
+        with pytest.raises(RefusedError) as err:
+            attempt()
+        text = str(err.value)
+        assert "LVM2_member PV-someone-else, hotcache wrote LVM2_member PV-ssd" in text, text
+        assert err.value.exit_code == ExitCode.REFUSED
+    assert host.runner.recorded == [] and env.state.read_bytes() == before
+    # the recorded PV back under its name: the same teardown goes ahead
+    host.disks["vda"].sig["UUID"] = "PV-ssd"
+    monkeypatch.setattr(lvmcache, "pv_vg", lambda runner, node: "hc_c1")
+    plan = plan_teardown("c1", env, wipe=True)
+    assert ["wipefs", "--all", "/dev/vda"] in argvs(plan)

@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from hotcache.provision import mapping
 from hotcache.provision.hotcopy import format as hotcopy_format
 from hotcache.provision.observe import metrics
 from hotcache.provision.errors import UsageError
@@ -42,7 +42,7 @@ def make_copy(dest: Path, *, name="imagenet", verify_ok=True, verified_at="2027-
 
 
 def write_state(path: Path, caches: dict) -> Path:
-    path.write_text(yaml.safe_dump({"schema_version": 1, "caches": caches}))
+    mapping.save(path, {"caches": caches})
     return path
 
 
