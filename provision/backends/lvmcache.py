@@ -16,7 +16,7 @@ from hotcache.provision.backends.dmcache import MIN_MIGRATION, ensure_writeback,
 from hotcache.provision.backends.dmtable import cache_stats, parse_status
 from hotcache.provision.block import probe
 from hotcache.provision.block.host import Host
-from hotcache.provision.errors import ProbeFailed
+from hotcache.provision.errors import ProbeFailed, RefusedError
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend
 
@@ -61,8 +61,45 @@ def report(host: Host, what: str, fields: str, *targets: str) -> list[dict]:
 
 def lv_info(host: Host, vg: str, lv: str) -> dict | None:
     rows = report(host, "lvs", "lv_name,lv_attr,segtype,cache_mode,cache_policy,"
-                  "kernel_cache_settings", f"{vg}/{lv}")
+                  "kernel_cache_settings,vg_uuid,lv_uuid", f"{vg}/{lv}")
     return rows[0] if rows else None
+
+
+def same_lvm(entry: dict | None, info: dict | None, vg: str, lv: str) -> None:
+    """The VG and LV under the recorded names are the ones hotcache built (or adopted):
+    names are all lvm2 needs, and another host's disk can bring a VG of the same name.
+    Refused (nothing changed) when a recorded UUID differs."""
+    st = state.of(entry)
+    if info is None:
+        return
+    for what, key, name in (("volume group", "vg_uuid", vg), ("logical volume", "lv_uuid",
+                                                             f"{vg}/{lv}")):
+        want, have = st.get(key), info.get(key)
+        if want and have != want:
+            raise RefusedError(f"the {what} {name} is not the one hotcache recorded: its "
+                               f"UUID is {have or 'unknown'}, recorded {want}; nothing was "
+                               "changed",
+                               hint=f"`vgs -o vg_name,vg_uuid,pv_name` shows which disks "
+                                    f"carry {vg}; rename or remove the other one, or put "
+                                    "the recorded disks back")
+
+
+def uuids(host: Host, vg: str, lv: str, pvs: dict[str, str]) -> dict:
+    """backend_state's identities of a built cache: the PV UUID of each device hotcache
+    made a PV (role -> UUID, what blkid shows as the device's LVM2_member UUID), and the
+    VG and LV UUIDs."""
+    out: dict = {"pv_uuids": {}}
+    for role, node in pvs.items():
+        rows = report(host, "pvs", "pv_name,pv_uuid,vg_name", node)
+        if not rows or rows[0].get("vg_name") != vg or not rows[0].get("pv_uuid"):
+            raise ProbeFailed(["pvs", node], 0, "", why=f"it does not show {node} as a PV "
+                              f"of {vg} after the build")
+        out["pv_uuids"][role] = rows[0]["pv_uuid"]
+    info = lv_info(host, vg, lv)
+    if not info or not info.get("vg_uuid") or not info.get("lv_uuid"):
+        raise ProbeFailed(["lvs", f"{vg}/{lv}"], 0, "", why="it shows no VG/LV UUID")
+    out["vg_uuid"], out["lv_uuid"] = info["vg_uuid"], info["lv_uuid"]
+    return out
 
 
 def pv_vg(host: Host, node: str) -> str | None:
@@ -158,6 +195,7 @@ class LvmCache(Backend):
         origin, cache = devs["origin"], devs["cache"]
         vg, lv, adopted = names(h, entry, spec.name, origin.node)
         info = lv_info(h, vg, lv)
+        same_lvm(entry, info, vg, lv)
         mode, policy = spec.effective_mode, spec.tunables.get("policy", "smq")
         settings = _settings(spec.tunables)
         if adopted and not (isinstance(cache.node, str) and pv_vg(h, cache.node) == vg):
@@ -183,6 +221,13 @@ class LvmCache(Backend):
         if not state.of(entry).get("vg"):
             state.remember(p, f"record volume group {vg} in the mapping",
                            lambda ctx: {"vg": vg, "origin_lv": lv, "adopted": adopted})
+        if not state.of(entry).get("vg_uuid"):
+            pvs = {"cache": cache.node} if adopted else {"origin": origin.node,
+                                                         "cache": cache.node}
+            state.remember(p, "record the PV, VG and LV UUIDs in the mapping (a later "
+                           "restore or teardown checks them)",
+                           lambda ctx: {} if ctx.runner.dry_run else uuids(
+                               h, vg, lv, {r: ctx.resolve(n) for r, n in pvs.items()}))
         if info is None or info.get("segtype") != "cache":
             self._attach(p, spec, vg, lv, cache, mode, policy, settings)
         else:
@@ -226,6 +271,7 @@ class LvmCache(Backend):
         h = self.host
         vg, lv, _ = names(h, entry, p.cache)
         info = lv_info(h, vg, lv)
+        same_lvm(entry, info, vg, lv)
         if info is not None and info.get("segtype") == "cache":
             node = f"/dev/{vg}/{lv}"
             p.run("switch the cache to the cleaner policy, which writes every dirty block "

@@ -92,6 +92,7 @@ class FakeHost(Host):
         self.statuses: dict[str, str] = {}
         self.lvs: dict[str, dict] = {}      # "vg/lv" -> lvs row
         self.pvs: dict[str, str] = {}       # node -> vg
+        self.pv_uuids: dict[str, str] = {}  # node -> PV UUID (pvs -o pv_uuid)
         self.missing: set[str] = set()      # programs not installed
         self._minor = 0
 
@@ -158,7 +159,8 @@ class FakeHost(Host):
         if what == "lvs" and target in self.lvs:
             rows = [self.lvs[target]]
         elif what == "pvs" and target in self.pvs:
-            rows = [{"pv_name": target, "vg_name": self.pvs[target]}]
+            rows = [{"pv_name": target, "vg_name": self.pvs[target],
+                     **({"pv_uuid": self.pv_uuids[target]} if target in self.pv_uuids else {})}]
         else:
             return Result(argv, 5, "", f"  Failed to find logical volume \"{target}\"\n"
                           if what == "lvs" else f"  Failed to find physical volume \"{target}\".\n")

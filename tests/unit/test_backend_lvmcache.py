@@ -135,3 +135,62 @@ def test_lvm_sees_all_devices_only_without_a_devices_file(tmp_path, devices_file
     argv = lvmcache.lvm(host, "lvs", "vg/data")
     extra = [] if devices_file else ["--config", "devices { use_devicesfile=0 }"]
     assert argv == ["lvs", *extra, "vg/data"]
+
+
+# --- identities: PV, VG and LV UUIDs (issue 11) ----------------------------------------
+
+UUIDS = {"vg_uuid": "VGUUID-a", "lv_uuid": "LVUUID-a"}
+BUILT = {"hc_c1/data": {"lv_name": "data", "lv_attr": "Cwi-aoC---", "segtype": "cache",
+                        "cache_mode": "writethrough", "cache_policy": "smq",
+                        "kernel_cache_settings": "", **UUIDS}}
+
+
+def test_a_first_build_records_the_pv_vg_and_lv_uuids(tmp_path):
+    host = lvm_host(tmp_path)
+    p = planner(tmp_path, host)
+    lvmcache.LvmCache(host).build(p, spec(), None, {"origin": device("origin", "/dev/hdd"),
+                                                    "cache": device("cache", "/dev/ssd")})
+    assert any("PV, VG and LV UUIDs" in s.summary for s in p.plan.steps)
+    built = lvm_host(tmp_path / "built", lvs=BUILT, pvs={"/dev/hdd": "hc_c1", "/dev/ssd": "hc_c1"})
+    built.pv_uuids = {"/dev/hdd": "PV-hdd", "/dev/ssd": "PV-ssd"}
+    got = lvmcache.uuids(built, "hc_c1", "data", {"origin": "/dev/hdd", "cache": "/dev/ssd"})
+    assert got == {"pv_uuids": {"origin": "PV-hdd", "cache": "PV-ssd"}, **UUIDS}
+    # what blkid shows on each device is what a later command requires there
+    entry = {"state": "ready", "backend": "lvmcache", "backend_state": got}
+    assert lvmcache.LvmCache(host).signature(entry, "cache") == ("LVM2_member", "PV-ssd")
+
+
+def test_uuids_of_a_pv_in_another_vg_are_an_error_not_recorded(tmp_path):
+    from hotcache.provision.errors import ProbeFailed
+
+    host = lvm_host(tmp_path, lvs=BUILT, pvs={"/dev/ssd": "other_vg"})
+    host.pv_uuids = {"/dev/ssd": "PV-x"}
+    with pytest.raises(ProbeFailed):
+        lvmcache.uuids(host, "hc_c1", "data", {"cache": "/dev/ssd"})
+
+
+@pytest.mark.parametrize("key", ["vg_uuid", "lv_uuid"])
+def test_restore_and_teardown_refuse_a_vg_or_lv_whose_uuid_differs(tmp_path, key):
+    """Another disk brought a VG `hc_c1` (another host's, or a copy): same names, other
+    UUIDs. Neither apply/restore nor teardown plans a single lvm2 command on it."""
+    from hotcache.provision.errors import RefusedError
+
+    other = {"hc_c1/data": {**BUILT["hc_c1/data"], key: "SOMEONE-ELSES"}}
+    entry = {"state": "ready", "spec": {"name": "c1"},
+             "backend_state": {"vg": "hc_c1", "origin_lv": "data", **UUIDS,
+                               "pv_uuids": {"origin": "PV-hdd", "cache": "PV-ssd"}}}
+    devs = {"origin": device("origin", "/dev/hdd"), "cache": device("cache", "/dev/ssd")}
+    for i, attempt in enumerate((
+            lambda h, p: lvmcache.LvmCache(h).build(p, spec(mode="writeback"), entry, devs),
+            lambda h, p: lvmcache.LvmCache(h).dismantle(p, entry, {"cache": "/dev/ssd"}))):
+        host = lvm_host(tmp_path / f"h{i}", lvs=other, pvs={"/dev/ssd": "hc_c1"})
+        p = planner(tmp_path / f"h{i}", host)
+        with pytest.raises(RefusedError) as err:
+            attempt(host, p)
+        assert "SOMEONE-ELSES" in str(err.value) and "recorded" in str(err.value)
+        assert p.plan.steps == []
+    # the recorded UUIDs: the same teardown goes ahead
+    host = lvm_host(tmp_path / "ok", lvs=BUILT, pvs={"/dev/ssd": "hc_c1"})
+    p = planner(tmp_path / "ok", host)
+    lvmcache.LvmCache(host).dismantle(p, entry, {"cache": "/dev/ssd"})
+    assert [a[0] for a in argvs(p)][-1] == "pvremove"
