@@ -2,9 +2,11 @@
 
 `hotcache teardown` detaches a loop-backed cache's image and, unless told to delete it
 (`--remove-images`), keeps the file with its data. The mapping keeps a record of it under
-`kept_images` (image path -> the cache, backend, filesystem UUID, when), so that the
-image is still known as hotcache's own: an apply of a backend `none` spec naming it again
-mounts the same filesystem (the data is still there) instead of refusing it as foreign.
+`kept_images` (image path -> the cache, backend, filesystem UUID, when, and the file's
+identity: st_dev, inode and size), so that the image is still known as hotcache's own: an
+apply of a backend `none` spec naming it again mounts the same filesystem (the data is
+still there) instead of refusing it as foreign. A path is not an identity: another file
+put there since (a copy, a restore from backup, someone else's image) is not hotcache's.
 A block-cache image (bcache, dm-cache metadata) is not adopted this way: rebuilding one
 needs `wipe: true`, which the teardown message says.
 """
@@ -14,8 +16,18 @@ from __future__ import annotations
 import os
 
 from hotcache.provision import mapping
+from hotcache.provision.errors import RefusedError
 
 KEY = "kept_images"
+
+
+def file_identity(path: str) -> dict | None:
+    """What tells one file from another at the same path (None: no file there)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return {"st_dev": st.st_dev, "inode": st.st_ino, "size": st.st_size}
 
 
 def record(data: dict, image: str, cache: str, entry: dict, role: str) -> None:
@@ -23,7 +35,21 @@ def record(data: dict, image: str, cache: str, entry: dict, role: str) -> None:
     data.setdefault(KEY, {})[os.path.realpath(image)] = {
         "cache": cache, "backend": entry.get("backend"), "role": role,
         "fs_uuid": entry.get("filesystem", {}).get("uuid"), "kept": mapping.now(),
+        "file": file_identity(image),
     }
+
+
+def other_file(image: str, kept: dict) -> str | None:
+    """Why the file now at `image` is not the one kept (None: it is). A record without
+    the file's identity proves nothing (fail closed)."""
+    want, have = kept.get("file"), file_identity(image)
+    if not want:
+        return "the mapping recorded no file identity for it"
+    if have is None:
+        return "no file is there now"
+    diff = [f"{k} {have[k]}, recorded {want.get(k)}" for k in ("st_dev", "inode", "size")
+            if have[k] != want.get(k)]
+    return "; ".join(diff) or None
 
 
 def forget(data: dict, image: str) -> None:
@@ -39,12 +65,22 @@ def adoptable_entry(data: dict, spec) -> dict | None:
     origin = spec.origin
     if spec.backend != "none" or origin.loop is None:
         return None
-    kept = (data.get(KEY) or {}).get(os.path.realpath(origin.loop.file))
+    image = os.path.realpath(origin.loop.file)
+    kept = (data.get(KEY) or {}).get(image)
     if not kept or kept.get("backend") != "none" or not kept.get("fs_uuid"):
         return None
-    # The image file is the device's identity: recorded as such, apply finds it proven.
+    why = other_file(image, kept)
+    if why and origin.wipe:
+        return None             # consent to erase whatever file is there now
+    if why:
+        raise RefusedError(
+            f"{spec.name}: {image} is not the image hotcache kept when {kept.get('cache')} "
+            f"was taken down ({why}): another file was put at that path, so hotcache does "
+            "not mount, format or attach it; nothing was changed",
+            hint="put the kept image back, or, to build a new cache on this file and lose "
+                 "what it holds, give the origin `wipe: true`")
     return {"backend": "none", "state": "kept", "filesystem": {"uuid": kept["fs_uuid"]},
-            "devices": {"origin": {"loop_file": os.path.realpath(origin.loop.file)}}}
+            "devices": {"origin": {"loop_file": image}}}
 
 
 def made_by_hotcache(data: dict, cache: str) -> set[str]:
@@ -54,4 +90,6 @@ def made_by_hotcache(data: dict, cache: str) -> set[str]:
     entry = data.get("caches", {}).get(cache) or {}
     made = {os.path.realpath(info["loop_file"]) for info in (entry.get("devices") or {}).values()
             if isinstance(info, dict) and info.get("loop_file")}
-    return made | set(data.get(KEY) or {})
+    kept = {image for image, info in (data.get(KEY) or {}).items()
+            if isinstance(info, dict) and other_file(image, info) is None}
+    return made | kept

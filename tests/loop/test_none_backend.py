@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -370,3 +371,33 @@ def test_teardown_names_other_mount_namespaces_that_keep_the_filesystem(sandbox)
             break
         time.sleep(0.1)
     assert loops_under(sandbox) == []
+
+
+@pytest.mark.parametrize("replacement", ["copy", "other-data"])
+def test_another_file_at_a_kept_image_path_is_refused(sandbox, replacement):
+    """`kept_images` records the kept file's identity (st_dev, inode, size), not just its
+    path. A file put at that path since (even a byte-for-byte copy, which carries the
+    same XFS UUID) is not the one kept: apply refuses it and leaves it as it is."""
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    hotcache("apply", spec, "--yes", check=True)
+    (sandbox / "mnt" / "hot" / "data.bin").write_bytes(b"kept" * 1024)
+    hotcache("teardown", "hot", "--yes", check=True)
+    img, other = sandbox / "hot.img", sandbox / "other.img"
+    kept = mapping.load(Path(os.environ["HOTCACHE_STATE"]))["kept_images"][str(img)]
+    assert kept["file"]["inode"] == img.stat().st_ino
+    if replacement == "copy":
+        shutil.copyfile(img, other)
+    else:
+        subprocess.run(["truncate", "-s", str(img.stat().st_size), other], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", other], check=True)
+    os.replace(other, img)
+    before = hashlib.sha256(img.read_bytes()).hexdigest()
+    for command in ("plan", "apply"):
+        proc = hotcache(command, spec, *(["--yes"] if command == "apply" else []))
+        assert proc.returncode == 3, proc.stderr
+        assert f"{img} is not the image hotcache kept when hot was taken down" in proc.stderr
+        assert "inode" in proc.stderr and "wipe: true" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert hashlib.sha256(img.read_bytes()).hexdigest() == before
+    assert loops_under(sandbox) == [] and mounts_under(sandbox) == []
