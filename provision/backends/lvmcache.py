@@ -221,13 +221,6 @@ class LvmCache(Backend):
         if not state.of(entry).get("vg"):
             state.remember(p, f"record volume group {vg} in the mapping",
                            lambda ctx: {"vg": vg, "origin_lv": lv, "adopted": adopted})
-        if not state.of(entry).get("vg_uuid"):
-            pvs = {"cache": cache.node} if adopted else {"origin": origin.node,
-                                                         "cache": cache.node}
-            state.remember(p, "record the PV, VG and LV UUIDs in the mapping (a later "
-                           "restore or teardown checks them)",
-                           lambda ctx: {} if ctx.runner.dry_run else uuids(
-                               h, vg, lv, {r: ctx.resolve(n) for r, n in pvs.items()}))
         if info is None or info.get("segtype") != "cache":
             self._attach(p, spec, vg, lv, cache, mode, policy, settings)
         else:
@@ -244,6 +237,13 @@ class LvmCache(Backend):
                           *_settings_args(settings), f"{vg}/{lv}"))
                 p.run("load it into the active cache in place (lvchange alone does not)",
                       lvm(h, "lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
+        if not state.of(entry).get("vg"):      # the first build: what it made, by UUID
+            pvs = {"cache": cache.node} if adopted else {"origin": origin.node,
+                                                         "cache": cache.node}
+            state.remember(p, "record the PV, VG and LV UUIDs in the mapping (a later "
+                           "restore or teardown checks them)",
+                           lambda ctx: {} if ctx.runner.dry_run else uuids(
+                               h, vg, lv, {r: ctx.resolve(n) for r, n in pvs.items()}))
         return f"/dev/{vg}/{lv}"
 
     def _attach(self, p, spec, vg, lv, cache, mode, policy, settings) -> None:

@@ -12,6 +12,7 @@ import uuid
 import pytest
 import yaml
 
+from hotcache.provision import mapping
 from hotcache.provision.engine import bootunit
 from hotcache.provision.engine.apply import fstab_options, plan_apply, recorded_spec
 from hotcache.provision.engine.restore import plan_restore
@@ -75,7 +76,8 @@ def recorded(fake, backend: str, backend_state: dict, target: str, *, state: str
                             "options": ["noatime", "nosuid", "nodev"]},
              "persist": {"fstab": str(env.fstab)}, "backend_state": backend_state,
              "spec": recorded_spec(s)}
-    env.state.write_text(yaml.safe_dump({"schema_version": 1, "caches": {"c1": entry}}))
+    # keys sorted, as yaml.safe_dump writes them (plans follow the devices' order)
+    mapping.save(env.state, yaml.safe_load(yaml.safe_dump({"caches": {"c1": entry}})))
     if state != "ready":
         return
     fstab.set_entry(env.fstab, "c1", fstab.entry(FS, MP, "xfs", fstab_options(s)), FS, [MP])
@@ -341,6 +343,8 @@ def test_lvmcache_blank_disks_every_lvm_command_is_non_prompting(fake):
          "hc_c1", "/dev/vdc"],
         ["lvconvert", *NOFILE, "--yes", "--type", "cache", "--cachevol", "hc_c1/data_hccache",
          "--cachemode", "writethrough", "--cachepolicy", "smq", "hc_c1/data"],
+        "record the PV, VG and LV UUIDs in the mapping (a later restore or teardown "
+        "checks them)",
         *first_build_tail(fake, "/dev/hc_c1/data"),
     ]
 
