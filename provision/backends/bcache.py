@@ -9,14 +9,13 @@ writes them again from the mapping.
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 
 from hotcache.provision.backends import bcache_sysfs as sb
 from hotcache.provision.errors import FlushIncomplete, HotcacheError, KernelUnsupported
 from hotcache.provision.plan import Ref
-from hotcache.provision.system.waits import wait_until
+from hotcache.provision.system.waits import flush_timeout, wait_until
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend
 from hotcache.provision.block.host import Host
@@ -32,10 +31,6 @@ MAX_BUCKET = 512 * 1024    # bcache's own default bucket size
 DEFAULT_TUNABLES = {"sequential_cutoff": 0, "congested_read_threshold_us": 0,
                     "congested_write_threshold_us": 0}
 REGISTER_TIMEOUT = 30.0
-
-
-def flush_timeout() -> float:
-    return float(os.environ.get("HOTCACHE_FLUSH_TIMEOUT", "3600"))
 
 
 def bucket_size(cache_bytes: int) -> int:

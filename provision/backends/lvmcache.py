@@ -12,7 +12,7 @@ on the PVs, so after a boot only the activation is missing, which `hotcache rest
 
 from __future__ import annotations
 
-from hotcache.provision.backends.dmcache import MIN_MIGRATION, ensure_writeback, wait_clean
+from hotcache.provision.backends.dmflush import MIN_MIGRATION, ensure_writeback, wait_clean
 from hotcache.provision.backends.dmtable import cache_stats, parse_status
 from hotcache.provision.block import probe
 from hotcache.provision.block.host import Host

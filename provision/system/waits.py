@@ -3,6 +3,7 @@ registration) in its own time, and hotcache must neither hang nor give up silent
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Callable
@@ -63,3 +64,9 @@ def wait_drained(what: str, remaining: Callable[[], "tuple[int, str]"], *, timeo
             say(f"  waiting for {what}: {progress} ({now - start:.0f}s)\n")
             last_said = now
         sleep(interval)
+
+
+def flush_timeout() -> float:
+    """How long a teardown waits for a cache's dirty data to reach the origin
+    (HOTCACHE_FLUSH_TIMEOUT seconds, default an hour) before it stops, keeping the cache."""
+    return float(os.environ.get("HOTCACHE_FLUSH_TIMEOUT", "3600"))

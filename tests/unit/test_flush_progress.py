@@ -7,7 +7,7 @@ import pytest
 
 from hotcache.provision.backends import bcache
 from hotcache.provision.block.host import Host
-from hotcache.provision.backends import dmcache
+from hotcache.provision.backends import dmcache, dmflush
 from hotcache.provision.errors import ExitCode, FlushIncomplete, WaitTimeout
 from hotcache.provision.system.runner import Result, Runner
 from hotcache.provision.system.waits import wait_drained
@@ -77,7 +77,7 @@ class Dm(Runner):
 
 def test_a_zero_migration_threshold_is_raised_in_place_and_read_back():
     runner, said = Dm(0), []
-    dmcache.ensure_writeback("hc-c1", runner, say=said.append)
+    dmflush.ensure_writeback("hc-c1", runner, say=said.append)
     assert ["dmsetup", "message", "hc-c1", "0", "migration_threshold", "2048"] in runner.recorded
     assert runner.recorded[-1] == ["dmsetup", "status", "hc-c1"]     # read back
     assert "was 0 sectors" in said[0]
@@ -85,11 +85,11 @@ def test_a_zero_migration_threshold_is_raised_in_place_and_read_back():
 
 def test_a_threshold_that_does_not_take_or_a_policy_not_cleaner_is_an_error():
     with pytest.raises(FlushIncomplete, match="stays 0"):
-        dmcache.ensure_writeback("hc-c1", Dm(0, sticky=True), say=lambda s: None)
+        dmflush.ensure_writeback("hc-c1", Dm(0, sticky=True), say=lambda s: None)
     with pytest.raises(FlushIncomplete, match="runs policy smq"):
-        dmcache.ensure_writeback("hc-c1", Dm(2048, policy="smq"), say=lambda s: None)
+        dmflush.ensure_writeback("hc-c1", Dm(2048, policy="smq"), say=lambda s: None)
     runner = Dm(4096)
-    dmcache.ensure_writeback("hc-c1", runner, say=lambda s: None)
+    dmflush.ensure_writeback("hc-c1", runner, say=lambda s: None)
     assert not any(a[1] == "message" for a in runner.recorded)
 
 
@@ -99,7 +99,7 @@ def test_a_dm_cache_that_vanishes_mid_flush_fails_the_wait():
             from hotcache.provision.errors import CommandFailed
             raise CommandFailed(argv, 1, "Device does not exist.")
     with pytest.raises(FlushIncomplete) as err:
-        dmcache.wait_clean("hc-c1", Gone())
+        dmflush.wait_clean("hc-c1", Gone())
     assert "stopped being live" in str(err.value) and "kept" in str(err.value)
 
 
@@ -191,7 +191,7 @@ def test_lvmcache_does_not_need_the_cleaner_named_but_still_gets_a_usable_thresh
     """lvm2 may leave the table naming mq after --cachepolicy cleaner (seen in the guest
     kernel); lvmcache's flush then still needs a threshold that lets writeback run."""
     runner, said = Dm(0, policy="mq"), []
-    dmcache.ensure_writeback("hc-lv", runner, say=said.append, need_cleaner=False)
+    dmflush.ensure_writeback("hc-lv", runner, say=said.append, need_cleaner=False)
     assert ["dmsetup", "message", "hc-lv", "0", "migration_threshold", "2048"] in runner.recorded
     with pytest.raises(FlushIncomplete, match="runs policy mq"):
-        dmcache.ensure_writeback("hc-lv", Dm(2048, policy="mq"), say=lambda s: None)
+        dmflush.ensure_writeback("hc-lv", Dm(2048, policy="mq"), say=lambda s: None)

@@ -151,3 +151,29 @@ def test_the_checker_sees_a_wrong_way_import_and_a_cycle():
     assert any(b.startswith("hotcache.adapters.dataroot") for b in bad)
     assert cycles(g) == [["hotcache.provision.block.blockdev",
                           "hotcache.provision.engine.apply"]]
+
+
+def backend_modules() -> set[str]:
+    """The modules that are backends (backends/__init__.BACKENDS), read from the source."""
+    from hotcache.provision.backends import BACKENDS
+
+    return {cls.__module__ for cls in BACKENDS.values()}
+
+
+def backends_leaning_on_each_other(g: dict[str, set[str]], backends: set[str]) -> list[str]:
+    """A backend may share internals (dmtable, dmflush, base...), never import another
+    backend: what one needs of another moves into a shared module."""
+    return [f"{src} -> {dst}" for src in sorted(backends) for dst in sorted(g.get(src, ()))
+            if dst in backends and dst != src]
+
+
+def test_no_backend_imports_another_backend():
+    backends = backend_modules()
+    assert len(backends) >= 4
+    assert backends_leaning_on_each_other(graph(), backends) == []
+
+
+def test_the_checker_sees_a_backend_importing_another():
+    b, d = "hotcache.provision.backends.bcache", "hotcache.provision.backends.dmcache"
+    assert backends_leaning_on_each_other({d: {b, "hotcache.provision.backends.dmtable"}},
+                                          {b, d}) == [f"{d} -> {b}"]
