@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hotcache.provision import mapping
 from hotcache.provision.observe import doctor
 from hotcache.provision.hotcopy import format as hotcopy_format
 
@@ -58,7 +59,9 @@ class Host:
         return yaml.safe_load(Path(self.env["HOTCACHE_STATE"]).read_text())
 
     def save_state(self, data: dict) -> None:
-        Path(self.env["HOTCACHE_STATE"]).write_text(yaml.safe_dump(data))
+        # Through mapping.save: a hand-written file lacks its `entries` count and would be
+        # refused as cut short.
+        mapping.save(Path(self.env["HOTCACHE_STATE"]), data)
 
 
 def make_copy(dest: Path, name: str, verify_ok: bool, verified: dt.datetime) -> None:
