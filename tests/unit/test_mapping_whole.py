@@ -67,3 +67,18 @@ def test_the_last_entry_cut_inside_is_an_error_not_an_entry_without_fields(saved
     last = text.index("\n  c:\n")
     saved.write_text(text[: text.index("\n    spec:", last) + 1])   # c without its spec
     assert "cut short" in refused(saved)
+
+
+def test_a_mapping_written_before_the_entries_count_still_loads(tmp_path):
+    """Hosts upgraded from a hotcache that wrote no `entries:` line must still restore at
+    boot: such a file ends with `updated:` (written last then too) and is whole."""
+    import yaml
+
+    path = tmp_path / "mappings.yaml"
+    old = {"schema_version": mapping.SCHEMA_VERSION, "tool_version": "0.9",
+           "caches": {n: entry(n) for n in ("a", "b")}, "updated": "2026-11-30T00:00:00Z"}
+    path.write_text(yaml.safe_dump(old, sort_keys=False))
+    assert list(mapping.load(path)["caches"]) == ["a", "b"]
+    cut = "".join(path.read_text().splitlines(keepends=True)[:-1])   # the same, cut short
+    path.write_text(cut)
+    assert "cut short" in refused(path)
