@@ -341,7 +341,8 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
         dataset = ImageFolderDataset(root, transform=transform, decode=decode, image_size=image_size,
                                      resample=resample)
     if num_workers is None:
-        num_workers = default_workers(batched=getattr(dataset, "batches", False))
+        # Fewer processes only where this call also sets the threads that make up for them.
+        num_workers = default_workers(batched=built and dataset.batches)
     if decode_threads is None:
         decode_threads = default_decode_threads(num_workers)
     if built:

@@ -127,3 +127,7 @@ def test_batched_decoding_takes_fewer_processes_and_more_threads(tmp_path, monke
     per_sample = make_loader(root, image_size=(8, 8), transform=lambda img: img, log_every=0)
     assert per_sample.num_workers == min(8, cpus)
     assert make_loader(root, image_size=(8, 8), decode_threads=3, log_every=0).dataset.threads == 3
+    # A dataset the caller built keeps its own threads, so it keeps one process per CPU.
+    own = ImageFolderDataset(root, image_size=(8, 8))
+    assert make_loader(dataset=own, log_every=0).num_workers == min(8, cpus)
+    assert own.threads == 1
