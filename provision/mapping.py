@@ -14,8 +14,9 @@ from pathlib import Path
 import yaml
 
 from hotcache.provision import __version__
-from hotcache.provision.system.atomic import locked, write_atomic
 from hotcache.provision.errors import UsageError
+from hotcache.provision.records import CacheEntry, ValidationError, problems
+from hotcache.provision.system.atomic import locked, write_atomic
 
 SCHEMA_VERSION = 1
 DEFAULT_STATE = "/etc/hotcache/mappings.yaml"
@@ -39,9 +40,10 @@ BROKEN_HINT = ("restore it from a backup (or point --state at the right file); o
 
 
 def load(path: Path) -> dict:
-    """The mapping; a missing file is "no caches", but an empty, unparsable or truncated
-    one is an error: read as "no caches" it would make every device hotcache built look
-    foreign (and a later apply could take them for another cache)."""
+    """The mapping, each of its `caches` a `records.CacheEntry`; a missing file is "no
+    caches", but an empty, unparsable, truncated or hand-broken one is an error: read as
+    "no caches" (or an entry read without a field) it would make devices hotcache built
+    look foreign (and a later apply could take them for another cache)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -68,7 +70,21 @@ def load(path: Path) -> dict:
     _check_whole(path, data)
     if version is None:
         raise UsageError(f"mapping {path} has no schema_version", hint=BROKEN_HINT)
+    data["caches"] = {name: _entry(path, name, entry) for name, entry in data["caches"].items()}
     return data
+
+
+def _entry(path: Path, name, entry: dict) -> CacheEntry:
+    """An entry whole, or an error naming each field that is missing or of the wrong
+    type (deleted or edited by hand: the file is whole, so _check_whole cannot tell)."""
+    try:
+        return CacheEntry.model_validate(entry)
+    except ValidationError as exc:
+        where = "; ".join(f"caches.{name}.{p}" for p in problems(exc))
+        raise UsageError(f"mapping {path}: the entry of cache {name} is not one hotcache "
+                         f"writes ({where})",
+                         hint="put the field back as hotcache wrote it, or "
+                              + BROKEN_HINT) from None
 
 
 def _check_whole(path: Path, data: dict) -> None:
@@ -88,13 +104,20 @@ def _check_whole(path: Path, data: dict) -> None:
 
 
 def save(path: Path, data: dict) -> None:
+    """Write `data` (its caches CacheEntry records, or dicts checked into them here: an
+    entry hotcache could not load again is never written)."""
+    caches = data.setdefault("caches", {})
+    for name, entry in caches.items():
+        if not isinstance(entry, CacheEntry):
+            caches[name] = CacheEntry.model_validate(entry)
     # The version first, `entries` and `updated` last: a file cut short lacks them.
     body = {k: v for k, v in data.items()
             if k not in ("schema_version", "tool_version", "entries", "updated")}
     data.clear()
     data.update(schema_version=SCHEMA_VERSION, tool_version=__version__, **body,
-                entries=len(body.get("caches") or {}), updated=now())
-    write_atomic(path, yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+                entries=len(caches), updated=now())
+    text = {**data, "caches": {name: entry.dump() for name, entry in caches.items()}}
+    write_atomic(path, yaml.safe_dump(text, sort_keys=False, default_flow_style=False))
 
 
 LOCK_TIMEOUT = 600.0    # seconds a run waits for another to finish (HOTCACHE_LOCK_TIMEOUT)
@@ -119,7 +142,8 @@ def holding(path: Path, holder: str, waiting=None):
 
 @contextlib.contextmanager
 def editing(path: Path):
-    """Lock, load, let the caller change the dict, save atomically."""
+    """Lock, load, let the caller change the dict (and its CacheEntry records), save
+    atomically."""
     with locked(path, timeout=lock_timeout()):
         data = load(path)
         yield data

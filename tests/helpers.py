@@ -35,6 +35,21 @@ def hotcache_json(*args: str, env: dict | None = None) -> tuple[int, dict]:
         raise AssertionError(f"not JSON: {proc.stdout!r}\nstderr: {proc.stderr}") from exc
 
 
+def recorded_entry(name: str, **fields) -> dict:
+    """A mapping entry with the fields every entry has (provision/records.CacheEntry),
+    `fields` on top (`filesystem` merged into the recorded one)."""
+    fs = {"uuid": f"uuid-{name}", "mountpoint": f"/mnt/{name}", **fields.pop("filesystem", {})}
+    return {"backend": "none", "state": "ready", "devices": {}, "filesystem": fs,
+            "spec": {"name": name}, **fields}
+
+
+def entry_record(name: str = "c1", **fields):
+    """recorded_entry() as the typed record mapping.load gives (records.CacheEntry)."""
+    from hotcache.provision.records import CacheEntry
+
+    return CacheEntry.model_validate(recorded_entry(name, **fields))
+
+
 def write_spec(path: Path, text: str) -> Path:
     path.write_text(textwrap.dedent(text))
     return path

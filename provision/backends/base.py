@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from hotcache.provision.block.host import Host
     from hotcache.provision.engine.apply import Device, Planner
     from hotcache.provision.plan import Ref
+    from hotcache.provision.records import CacheEntry
     from hotcache.provision.engine.spec import CacheSpec
 
 
@@ -45,17 +46,17 @@ class Backend:
             return KERNEL_MISSING[self.kernel_feature]
         return None
 
-    def owns(self, entry: dict | None, dev: "Device") -> bool:
+    def owns(self, entry: "CacheEntry | None", dev: "Device") -> bool:
         """True when the signatures on `dev` are the ones this cache put there."""
         raise NotImplementedError
 
-    def signature(self, entry: dict, role: str) -> tuple | None:
+    def signature(self, entry: "CacheEntry", role: str) -> tuple | None:
         """The signature a built cache left on its `role` device, as blkid shows it:
         (TYPE, UUID or None[, "may be absent"]); () for a device left without one; None:
         nothing to check."""
         return None
 
-    def build(self, p: "Planner", spec: "CacheSpec", entry: dict | None,
+    def build(self, p: "Planner", spec: "CacheSpec", entry: "CacheEntry | None",
               devs: dict[str, "Device"]) -> "str | Ref":
         """Queue the steps that make the cached block device; return its node."""
         raise NotImplementedError
@@ -65,7 +66,7 @@ class Backend:
         place instead of formatting (lvmcache on an existing LV); None: format."""
         return None
 
-    def keeps_filesystem(self, entry: dict | None, devs: dict[str, "Device"]) -> bool:
+    def keeps_filesystem(self, entry: "CacheEntry | None", devs: dict[str, "Device"]) -> bool:
         """True when the cached device, even if it does not exist yet (being brought
         back after a boot), will show the filesystem hotcache already made on it."""
         return False
@@ -73,15 +74,15 @@ class Backend:
     # `nodes`: the cache's devices by role as the engine found them now, by identity
     # (None: not present or not provably the recorded one).
 
-    def live(self, entry: dict, nodes: dict) -> str | None:
+    def live(self, entry: "CacheEntry", nodes: dict) -> str | None:
         """Why the cache is not live now (its tables not loaded, its device not
         registered), so that teardown cannot flush it; None: it is live."""
         return None
 
-    def stats(self, entry: dict, nodes: dict) -> dict:
+    def stats(self, entry: "CacheEntry", nodes: dict) -> dict:
         return {}
 
-    def dismantle(self, p: "Planner", entry: dict, nodes: dict) -> None:
+    def dismantle(self, p: "Planner", entry: "CacheEntry", nodes: dict) -> None:
         """Queue the steps that take the cache apart once its filesystem is unmounted
         (the engine then removes the boot-time unit when `restores_at_boot`)."""
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from hotcache.provision.backends import bcache_sysfs as sb
 from hotcache.provision.errors import FlushIncomplete, HotcacheError, KernelUnsupported
 from hotcache.provision.plan import Ref
+from hotcache.provision.records import BcacheState, CacheEntry
 from hotcache.provision.system.waits import flush_timeout, wait_until
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend
@@ -58,22 +59,23 @@ class Bcache(Backend):
     programs = ("make-bcache", "wipefs", "mkfs.xfs", "blkid")
 
     def owns(self, entry, dev):
-        st = state.of(entry)
-        ours = {st.get("cache_uuid"), st.get("backing_uuid")} - {None}
+        st = state.of(entry, BcacheState)
+        ours = {st.cache_uuid, st.backing_uuid} - {None}
         return dev.proven and dev.fs.get("TYPE") == "bcache" and dev.fs.get("UUID") in ours
 
     def signature(self, entry, role):
-        recorded = state.of(entry).get("backing_uuid" if role == "origin" else "cache_uuid")
+        st = state.of(entry, BcacheState)
+        recorded = st.backing_uuid if role == "origin" else st.cache_uuid
         return ("bcache", recorded) if recorded else None
 
     def keeps_filesystem(self, entry, devs):
-        return (entry or {}).get("state") == "ready" and self.owns(entry, devs["origin"])
+        return entry is not None and entry.state == "ready" and self.owns(entry, devs["origin"])
 
     def build(self, p, spec, entry, devs):
-        st = state.of(entry)
+        st = state.of(entry, BcacheState)
         origin, cache = devs["origin"], devs["cache"]
-        cset = st.get("cset_uuid") or str(uuid.uuid4())
-        new_cache = not (self.owns(entry, cache) and st.get("cset_uuid"))
+        cset = st.cset_uuid or str(uuid.uuid4())
+        new_cache = not (self.owns(entry, cache) and st.cset_uuid)
         new_origin = not self.owns(entry, origin)
         if new_cache:
             bucket = bucket_size(cache.size)
@@ -89,7 +91,7 @@ class Bcache(Backend):
             p.run(f"make {origin.ref.label} a bcache backing device",
                   ["make-bcache", "-B", "--block", BLOCK, origin.node], destructive=True)
         key = f"bcache-uuid:{spec.name}"
-        bdev_uuid = st.get("backing_uuid") if not new_origin else None
+        bdev_uuid = st.backing_uuid if not new_origin else None
         if new_cache or new_origin:
             def uuids(ctx):
                 values = {"cset_uuid": cset,
@@ -145,8 +147,7 @@ class Bcache(Backend):
                      sb.tunable_path(h, k, ctx.resolve(node), cset), str(v)))
 
     def live(self, entry, nodes):
-        st = state.of(entry)
-        node, cset = nodes.get("origin"), st.get("cset_uuid")
+        node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid
         h = self.host
         if node is None:
             return "its origin (the bcache backing device) is not present"
@@ -162,8 +163,7 @@ class Bcache(Backend):
         return None
 
     def stats(self, entry, nodes):
-        st = state.of(entry)
-        node, cset = nodes.get("origin"), st.get("cset_uuid")
+        node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid
         h = self.host
         if node is None or not sb.is_registered(h, node):
             raise HotcacheError("the bcache backing device is not registered; run "
@@ -195,8 +195,7 @@ class Bcache(Backend):
         }
 
     def dismantle(self, p, entry, nodes):
-        st = state.of(entry)
-        node, cset = nodes.get("origin"), st.get("cset_uuid")
+        node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid
         h = self.host
         if node and sb.is_registered(h, node):
             if sb.attached_set(h, node):
@@ -211,9 +210,9 @@ class Bcache(Backend):
                                 "starts 8 KiB in (`teardown --wipe` erases the superblock)")
 
 
-def _cache_bytes(entry: dict) -> int | None:
-    size = entry.get("devices", {}).get("cache", {}).get("size")
-    return int(size) if size else None
+def _cache_bytes(entry: CacheEntry) -> int | None:
+    cache = entry.devices.get("cache")
+    return cache.size if cache and cache.size else None
 
 
 def _probe_uuid(ctx, node) -> str:

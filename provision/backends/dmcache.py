@@ -16,6 +16,7 @@ from hotcache.provision.backends.dmtable import CacheTable, cache_stats, parse_s
 from hotcache.provision.block import probe
 from hotcache.provision.errors import HotcacheError, ProbeFailed
 from hotcache.provision.plan import Ref
+from hotcache.provision.records import DmCacheState
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend
@@ -82,16 +83,16 @@ class DmCache(Backend):
     programs = ("dmsetup", "cache_metadata_size", "mkfs.xfs", "dd", "wipefs")
 
     def owns(self, entry, dev):
-        st = state.of(entry)
-        if not st.get("data_sectors"):
+        st = state.of(entry, DmCacheState)
+        if not st.data_sectors:
             return False
-        recorded = (entry or {}).get("filesystem", {}).get("uuid")
+        recorded = entry.filesystem.uuid
         if dev.role == "origin" and dev.proven and recorded and dev.fs.get("UUID") == recorded:
             return True
         if not dev.proven:
             return False    # the metadata has no signature: only identity tells whose it is
         holders = dev.report.holders if dev.report else []
-        names = set(st.get("names", {}).values())
+        names = set((st.names or {}).values())
         return bool(holders) and all(self._dm_name(h) in names for h in holders) \
             or (dev.role == "cache" and not dev.fs)
 
@@ -100,22 +101,23 @@ class DmCache(Backend):
             return ()       # dm-cache metadata carries nothing blkid knows
         # In writeback the block holding the XFS superblock may be dirty on the SSD only,
         # so the origin may show nothing; another signature is still a conflict.
-        return ("xfs", (entry or {}).get("filesystem", {}).get("uuid"), "may be absent")
+        return ("xfs", entry.filesystem.uuid, "may be absent")
 
     def live(self, entry, nodes):
-        names = state.of(entry).get("names") or dm_names((entry.get("spec") or {}).get("name", ""))
+        names = state.of(entry, DmCacheState).names or dm_names(entry.spec.get("name", ""))
         if live_table(names["cache"], self.host.runner) is None:
             return f"its dm-cache table {names['cache']} is not loaded"
         return None
 
     def keeps_filesystem(self, entry, devs):
-        recorded = (entry or {}).get("filesystem", {}).get("uuid")
+        recorded = entry and entry.filesystem.uuid
         return devs["origin"].proven and bool(recorded) \
             and devs["origin"].fs.get("UUID") == recorded
 
     def geometry(self, p, spec, st, devs) -> dict:
-        if st.get("data_sectors"):
-            return {k: st[k] for k in ("block_sectors", "meta_sectors", "data_sectors")}
+        if st.data_sectors:
+            return {"block_sectors": st.block_sectors, "meta_sectors": st.meta_sectors,
+                    "data_sectors": st.data_sectors}
         block = int(spec.tunables.get("block_size", DEFAULT_BLOCK))
         if block % 32768 or not 32768 <= block <= 2**30:
             p.refuse(f"{spec.name}.tunables.block_size: {block} must be a multiple of 32768 "
@@ -131,7 +133,7 @@ class DmCache(Backend):
         return {"block_sectors": block, "meta_sectors": meta, "data_sectors": data}
 
     def build(self, p, spec, entry, devs):
-        st = state.of(entry)
+        st = state.of(entry, DmCacheState)
         runner = self.host.runner
         names = dm_names(spec.name)
         origin, cache = devs["origin"], devs["cache"]
@@ -140,7 +142,7 @@ class DmCache(Backend):
             return f"/dev/mapper/{names['cache']}"
         # Metadata is zeroed only for a cache never built: once the geometry is recorded
         # the metadata describes blocks (dirty ones in writeback) that must not be lost.
-        fresh = not st.get("data_sectors")
+        fresh = not st.data_sectors
         meta, data = geo["meta_sectors"], geo["data_sectors"]
         want = CacheTable(origin.size // 512, f"/dev/mapper/{names['meta']}",
                           f"/dev/mapper/{names['data']}", "ORIGIN", geo["block_sectors"],
@@ -179,20 +181,20 @@ class DmCache(Backend):
                       ["dmsetup", "reload", names["cache"], "--table", new.render()])
                 p.run("switch to the new table in place (no rebuild)",
                       ["dmsetup", "resume", names["cache"]])
-        if st.get("data_sectors") != data or st.get("names") != names:
+        if st.data_sectors != data or st.names != names:
             state.remember(p, "record the dm-cache geometry and table names in the mapping",
                            lambda ctx: {**geo, "names": names,
                                         "table": want.render().replace("ORIGIN", "<origin>")})
         return f"/dev/mapper/{names['cache']}"
 
     def stats(self, entry, nodes):
-        names = state.of(entry).get("names") or dm_names(entry["spec"]["name"])
+        names = state.of(entry, DmCacheState).names or dm_names(entry.spec["name"])
         res = self.host.runner.run(["dmsetup", "status", names["cache"]])
         return cache_stats(parse_status(res.stdout))
 
     def dismantle(self, p, entry, nodes):
         runner = self.host.runner
-        names = state.of(entry).get("names") or dm_names(p.cache)
+        names = state.of(entry, DmCacheState).names or dm_names(p.cache)
         current = live_table(names["cache"], runner)
         if current is not None:
             live = parse_table(current)

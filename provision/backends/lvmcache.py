@@ -17,6 +17,7 @@ from hotcache.provision.backends.dmtable import cache_stats, parse_status
 from hotcache.provision.block import probe
 from hotcache.provision.block.host import Host
 from hotcache.provision.errors import ProbeFailed, RefusedError
+from hotcache.provision.records import CacheEntry, LvmCacheState
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend
 
@@ -65,16 +66,16 @@ def lv_info(host: Host, vg: str, lv: str) -> dict | None:
     return rows[0] if rows else None
 
 
-def same_lvm(entry: dict | None, info: dict | None, vg: str, lv: str) -> None:
+def same_lvm(entry: CacheEntry | None, info: dict | None, vg: str, lv: str) -> None:
     """The VG and LV under the recorded names are the ones hotcache built (or adopted):
     names are all lvm2 needs, and another host's disk can bring a VG of the same name.
     Refused (nothing changed) when a recorded UUID differs."""
-    st = state.of(entry)
+    st = state.of(entry, LvmCacheState)
     if info is None:
         return
-    for what, key, name in (("volume group", "vg_uuid", vg), ("logical volume", "lv_uuid",
-                                                             f"{vg}/{lv}")):
-        want, have = st.get(key), info.get(key)
+    for what, key, want, name in (("volume group", "vg_uuid", st.vg_uuid, vg),
+                                  ("logical volume", "lv_uuid", st.lv_uuid, f"{vg}/{lv}")):
+        have = info.get(key)
         if want and have != want:
             raise RefusedError(f"the {what} {name} is not the one hotcache recorded: its "
                                f"UUID is {have or 'unknown'}, recorded {want}; nothing was "
@@ -119,12 +120,12 @@ def existing_lv(host: Host, node) -> tuple[str, str] | None:
     return (rows[0]["vg_name"], rows[0]["lv_name"]) if rows else None
 
 
-def names(host: Host, entry: dict | None, spec_name: str,
+def names(host: Host, entry: CacheEntry | None, spec_name: str,
           origin=None) -> tuple[str, str, bool]:
     """(volume group, origin LV, adopted) for a cache: from the mapping once built."""
-    st = state.of(entry)
-    if st.get("vg"):
-        return st["vg"], st.get("origin_lv", ORIGIN_LV), bool(st.get("adopted"))
+    st = state.of(entry, LvmCacheState)
+    if st.vg:
+        return st.vg, st.origin_lv or ORIGIN_LV, bool(st.adopted)
     found = existing_lv(host, origin) if origin is not None else None
     if found:
         return found[0], found[1], True
@@ -143,29 +144,29 @@ class LvmCache(Backend):
                 "lvs", "dmsetup", "mkfs.xfs", "wipefs")
 
     def owns(self, entry, dev):
-        st = state.of(entry)
+        st = state.of(entry, LvmCacheState)
         if dev.role == "origin" and dev.fs.get("TYPE") == "xfs":
             lv = existing_lv(self.host, dev.node)
-            if lv and st.get("adopted") and lv == (st.get("vg"), st.get("origin_lv")):
+            if lv and st.adopted and lv == (st.vg, st.origin_lv):
                 return True   # the LV this cache adopted (mounted by hotcache since)
             if lv and dev.report is not None and not dev.report.hard_problems():
                 # An idle LV with data, named as origin: attach the cache in place. A
                 # mounted, held or root LV goes through the refusals like any device.
                 return True
-        vg = st.get("vg")
+        vg = st.vg
         if not vg or not dev.proven or dev.fs.get("TYPE") != "LVM2_member" \
                 or not isinstance(dev.node, str):
             return False
         return pv_vg(self.host, dev.node) == vg
 
     def signature(self, entry, role):
-        st = state.of(entry)
-        if role == "origin" and st.get("adopted"):
-            return ("xfs", (entry or {}).get("filesystem", {}).get("uuid"))
-        return ("LVM2_member", (st.get("pv_uuids") or {}).get(role))
+        st = state.of(entry, LvmCacheState)
+        if role == "origin" and st.adopted:
+            return ("xfs", entry.filesystem.uuid)
+        return ("LVM2_member", (st.pv_uuids or {}).get(role))
 
     def live(self, entry, nodes):
-        vg, lv, _ = names(self.host, entry, (entry.get("spec") or {}).get("name", ""))
+        vg, lv, _ = names(self.host, entry, entry.spec.get("name", ""))
         info = lv_info(self.host, vg, lv)
         if info is None:
             return f"LVM does not see the logical volume {vg}/{lv} (are its disks present?)"
@@ -188,7 +189,8 @@ class LvmCache(Backend):
 
     def keeps_filesystem(self, entry, devs):
         vg, lv, _ = names(self.host, entry, "", devs["origin"].node)
-        return (entry or {}).get("state") == "ready" and lv_info(self.host, vg, lv) is not None
+        return entry is not None and entry.state == "ready" \
+            and lv_info(self.host, vg, lv) is not None
 
     def build(self, p, spec, entry, devs):
         h = self.host
@@ -218,7 +220,7 @@ class LvmCache(Backend):
                       origin.node))
         elif info is not None and info["lv_attr"][4:5] != "a":
             p.run(f"activate volume group {vg}", lvm(h, "vgchange", "--activate", "y", vg))
-        if not state.of(entry).get("vg"):
+        if not state.of(entry, LvmCacheState).vg:
             state.remember(p, f"record volume group {vg} in the mapping",
                            lambda ctx: {"vg": vg, "origin_lv": lv, "adopted": adopted})
         if info is None or info.get("segtype") != "cache":
@@ -237,7 +239,7 @@ class LvmCache(Backend):
                           *_settings_args(settings), f"{vg}/{lv}"))
                 p.run("load it into the active cache in place (lvchange alone does not)",
                       lvm(h, "lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
-        if not state.of(entry).get("vg"):      # the first build: what it made, by UUID
+        if not state.of(entry, LvmCacheState).vg:      # the first build: what it made, by UUID
             pvs = {"cache": cache.node} if adopted else {"origin": origin.node,
                                                          "cache": cache.node}
             state.remember(p, "record the PV, VG and LV UUIDs in the mapping (a later "
@@ -262,7 +264,7 @@ class LvmCache(Backend):
                   *_settings_args(settings), f"{vg}/{lv}"))
 
     def stats(self, entry, nodes):
-        vg, lv, _ = names(self.host, entry, entry["spec"]["name"])
+        vg, lv, _ = names(self.host, entry, entry.spec["name"])
         major, minor = self.host.devnum(f"/dev/{vg}/{lv}").split(":")
         res = self.host.runner.run(["dmsetup", "status", "-j", major, "-m", minor])
         return cache_stats(parse_status(res.stdout))

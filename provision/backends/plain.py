@@ -13,11 +13,11 @@ class Plain(Backend):
     programs = ("mkfs.xfs", "mount", "umount", "wipefs", "blkid")
 
     def owns(self, entry, dev):
-        recorded = (entry or {}).get("filesystem", {}).get("uuid")
+        recorded = entry and entry.filesystem.uuid
         return dev.proven and bool(recorded) and dev.fs.get("UUID") == recorded
 
     def signature(self, entry, role):
-        return ("xfs", entry.get("filesystem", {}).get("uuid"))
+        return ("xfs", entry.filesystem.uuid)
 
     def build(self, p, spec, entry, devs):
         return devs["origin"].node

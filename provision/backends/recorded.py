@@ -16,6 +16,7 @@ from hotcache.provision.backends import BACKENDS, get
 from hotcache.provision.block import identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.block.identity import Seen
+from hotcache.provision.records import CacheEntry, DeviceRecord
 
 
 @dataclass
@@ -27,27 +28,32 @@ class Found:
     problem: str | None = None   # why no device can be used (a refusal)
 
 
-def expected_signature(entry: dict, role: str, host: Host) -> tuple | None:
+def expected_signature(entry: CacheEntry, role: str, host: Host) -> tuple | None:
     """The signature hotcache wrote on the device, as (TYPE, UUID): () when it wrote none
     that blkid sees, None when it cannot say (an apply that did not finish)."""
-    if entry.get("state") != "ready" or entry.get("backend") not in BACKENDS:
+    if entry.state != "ready" or entry.backend not in BACKENDS:
         return None
-    return get(entry["backend"], host).signature(entry, role)
+    return get(entry.backend, host).signature(entry, role)
 
 
-def describe_recorded(info: dict) -> str:
-    bits = [f"{int(info['size']) / 2**20:.0f} MiB"] if info.get("size") else []
-    ident = info.get("identity") or {}
-    for key in ("serial", "wwn", "partuuid"):
-        if ident.get(key):
-            bits.append(f"{key} {ident[key]}")
-    links = identity.stable_links(info.get("by_id") or [])
+def _image(info: DeviceRecord) -> str | None:
+    return info.loop_file or (info.identity and info.identity.backing_file)
+
+
+def describe_recorded(info: DeviceRecord) -> str:
+    bits = [f"{info.size / 2**20:.0f} MiB"] if info.size else []
+    ident = info.identity
+    for key, value in (("serial", ident and ident.serial), ("wwn", ident and ident.wwn),
+                       ("partuuid", ident and ident.partuuid)):
+        if value:
+            bits.append(f"{key} {value}")
+    links = identity.stable_links(info.by_id or [])
     if links:
         bits.append(links[0])
-    image = info.get("loop_file") or ident.get("backing_file")
+    image = _image(info)
     if image:
         bits.append(f"image {image}")
-    return f"{info.get('node', '?')} when recorded ({', '.join(bits) or 'no stable identity recorded'})"
+    return f"{info.node or '?'} when recorded ({', '.join(bits) or 'no stable identity recorded'})"
 
 
 def _loop_name(image: str, host: Host) -> str | None:
@@ -57,23 +63,24 @@ def _loop_name(image: str, host: Host) -> str | None:
     return None
 
 
-def locate(entry: dict, role: str, host: Host, *, cache: str = "") -> Found:
-    info = (entry.get("devices") or {}).get(role) or {}
+def locate(entry: CacheEntry, role: str, host: Host, *, cache: str = "") -> Found:
+    info = entry.devices.get(role)
     found = Found(role)
-    if not info:
+    if info is None:
         return found
+    recorded = info.dump()          # what block/identity compares, as the file holds it
     expected = expected_signature(entry, role, host)
     what = f"the {role} device of {cache}" if cache else f"the {role} device"
     tried: dict[str, str] = {}        # kernel name -> the recorded name that led to it
-    image = info.get("loop_file") or (info.get("identity") or {}).get("backing_file")
+    image = _image(info)
     if image:
         name = _loop_name(image, host)
         if name:
             tried[name] = f"loop image {image}"
     # A loop image hotcache attached itself is found by its file alone: the loop device
     # it had is any other image's once detached.
-    names = [] if info.get("loop_file") else [
-        *identity.stable_links(info.get("by_id") or []), info.get("path"), info.get("node")]
+    names = [] if info.loop_file else [
+        *identity.stable_links(info.by_id or []), info.path, info.node]
     for label in names:
         name = identity.kname(label, host) if label else None
         if name and name not in tried:
@@ -82,7 +89,7 @@ def locate(entry: dict, role: str, host: Host, *, cache: str = "") -> Found:
     unproven: list[tuple[str, Seen]] = []
     for name, label in tried.items():
         seen = identity.probe(name, host)
-        verdict = identity.compare(info, seen, expected)
+        verdict = identity.compare(recorded, seen, expected)
         if verdict.match:
             found.node, found.seen = seen.node, seen
             break
@@ -92,11 +99,11 @@ def locate(entry: dict, role: str, host: Host, *, cache: str = "") -> Found:
             unproven.append((label, seen))
     if found.node is None and not image:
         matches = []
-        for name in identity.candidates(info, host):
+        for name in identity.candidates(recorded, host):
             if name in tried or identity.stacked(name, host):
                 continue
             seen = identity.probe(name, host)
-            if identity.compare(info, seen, expected).match:
+            if identity.compare(recorded, seen, expected).match:
                 matches.append(seen)
         if len(matches) == 1:
             found.node, found.seen = matches[0].node, matches[0]
@@ -122,7 +129,7 @@ def locate(entry: dict, role: str, host: Host, *, cache: str = "") -> Found:
     return found
 
 
-def current_node(entry: dict, role: str, host: Host) -> str | None:
+def current_node(entry: CacheEntry, role: str, host: Host) -> str | None:
     """The recorded device's node now, or None when it is not present or not provably
     the recorded one (read-only callers: status, statistics)."""
     try:
@@ -131,7 +138,7 @@ def current_node(entry: dict, role: str, host: Host) -> str | None:
         return None
 
 
-def require(entry: dict, role: str, host: Host, *, cache: str = "") -> Found:
+def require(entry: CacheEntry, role: str, host: Host, *, cache: str = "") -> Found:
     """locate(), for callers that write: a device that cannot be proven is an error."""
     from hotcache.provision.errors import RefusedError
 

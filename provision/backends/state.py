@@ -3,9 +3,10 @@ restore or teardown must know but cannot read back from the devices alone."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, TypeVar
 
 from hotcache.provision import mapping
+from hotcache.provision.records import STATES, BackendState, CacheEntry
 
 
 def remember(p, summary: str, compute: Callable[[object], dict]) -> None:
@@ -16,11 +17,18 @@ def remember(p, summary: str, compute: Callable[[object], dict]) -> None:
         if ctx.runner.dry_run:
             return
         with mapping.editing(p.env.state) as data:
-            entry = data["caches"].setdefault(p.cache, {})
-            entry.setdefault("backend_state", {}).update(values)
+            entry = data["caches"][p.cache]     # recorded as building before any build step
+            old = entry.backend_state.dump() if entry.backend_state else {}
+            kind = STATES.get(entry.backend, BackendState)
+            entry.backend_state = kind.model_validate({**old, **values})
 
     p.do(summary, action)
 
 
-def of(entry: dict | None) -> dict:
-    return dict((entry or {}).get("backend_state") or {})
+S = TypeVar("S", bound=BackendState)
+
+
+def of(entry: CacheEntry | None, kind: type[S]) -> S:
+    """The entry's backend_state as the backend's record (empty when none is recorded)."""
+    st = entry.backend_state if entry is not None else None
+    return st if isinstance(st, kind) else kind()

@@ -23,6 +23,8 @@ from hotcache.provision.backends import get as get_backend
 from hotcache.provision.errors import KernelUnsupported, ProbeFailed, RefusedError
 from hotcache.provision.engine import images, owners
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
+from hotcache.provision.records import (STATES, BackendState, CacheEntry, DeviceRecord,
+                                        Filesystem, Persist)
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.users import parse_owner
 from hotcache.provision.engine import bootunit
@@ -160,7 +162,7 @@ def _image_data(image: str) -> int:
     return st.st_blocks * 512 if st.st_size else 0
 
 
-def resolve_recorded(p: Planner, role: str, ref: DeviceRef, entry: dict,
+def resolve_recorded(p: Planner, role: str, ref: DeviceRef, entry: CacheEntry,
                      roots: set[str]) -> Device | None:
     """A device of a cache already in the mapping, found by its recorded identity, never
     by the name in the spec; None (with a refusal) when it cannot be proven."""
@@ -172,8 +174,8 @@ def resolve_recorded(p: Planner, role: str, ref: DeviceRef, entry: dict,
     if found.moved:
         p.plan.notes.append(found.moved)
     if found.node is None:
-        info = entry["devices"][role]
-        if ref.loop is not None and info.get("loop_file") == os.path.realpath(ref.loop.file):
+        info = entry.devices[role]
+        if ref.loop is not None and info.loop_file == os.path.realpath(ref.loop.file):
             dev = resolve(p, role, ref, roots)   # the image, attached again
             dev.proven = True
             return dev
@@ -182,9 +184,9 @@ def resolve_recorded(p: Planner, role: str, ref: DeviceRef, entry: dict,
         return None
     named = _named_now(p.env.host, ref)
     if named != found.node:
-        info = entry["devices"][role]
-        same_ref = ref.path == info.get("path") if ref.path else \
-            os.path.realpath(ref.loop.file) == info.get("loop_file")
+        info = entry.devices[role]
+        same_ref = ref.path == info.path if ref.path else \
+            os.path.realpath(ref.loop.file) == info.loop_file
         if not same_ref:
             p.refuse(f"{at}: the spec names {ref.label} ({named or 'not present'}), but "
                      f"{p.cache} was built on {found.seen.describe()}; moving a cache to "
@@ -207,13 +209,13 @@ def _named_now(host: Host, ref: DeviceRef) -> str | None:
     return host.realpath(ref.path) if host.exists(ref.path) else None
 
 
-def first_build(p: Planner, entry: dict | None) -> bool:
+def first_build(p: Planner, entry: CacheEntry | None) -> bool:
     """`wipe: true` is consent for the first build only: never replayed by restore, nor
     by an apply of a cache the mapping records as built."""
-    return not p.restoring and (entry is None or entry.get("state") == "building")
+    return not p.restoring and (entry is None or entry.state == "building")
 
 
-def preflight(p: Planner, backend, spec: CacheSpec, entry: dict | None, dev: Device,
+def preflight(p: Planner, backend, spec: CacheSpec, entry: CacheEntry | None, dev: Device,
               min_size: int) -> None:
     """Refuse what is unsafe; queue a wipe where the spec consented to one."""
     at = f"{spec.name}.{dev.role} ({dev.ref.label})"
@@ -278,13 +280,13 @@ def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
         p = Planner(env, cache.name, plan, restoring=restoring)
         p.known_images = images.made_by_hotcache(state, cache.name)
         entry = state["caches"].get(cache.name)
-        if restoring and (entry or {}).get("state") != "ready":
+        if restoring and (entry is None or entry.state != "ready"):
             refusals.append(f"{cache.name}: its first apply did not finish (state "
-                            f"{(entry or {}).get('state')!r}); restore only brings back a "
+                            f"{entry and entry.state!r}); restore only brings back a "
                             "built cache. Run `hotcache apply SPEC` with its spec to finish it")
             continue
-        if entry is not None and entry.get("backend") != cache.backend:
-            refusals.append(f"{cache.name}: it was built with backend {entry.get('backend')}; "
+        if entry is not None and entry.backend != cache.backend:
+            refusals.append(f"{cache.name}: it was built with backend {entry.backend}; "
                             f"changing to {cache.backend} needs `hotcache teardown "
                             f"{cache.name}` first")
             continue
@@ -303,7 +305,7 @@ def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
     return plan
 
 
-def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
+def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None) -> None:
     host = p.env.host
     backend = get_backend(spec.backend, host)
     why = backend.unavailable()
@@ -319,7 +321,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
     roots = blockdev.root_devices(host)
     devs = {}
     for role, ref in spec.devices().items():
-        if (entry or {}).get("devices", {}).get(role):
+        if entry is not None and entry.devices.get(role):
             dev = resolve_recorded(p, role, ref, entry, roots)
         else:
             dev = resolve(p, role, ref, roots)
@@ -332,9 +334,9 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
     if p.refusals:
         return
 
-    fs_uuid = ((entry or {}).get("filesystem", {}).get("uuid")
+    fs_uuid = ((entry and entry.filesystem.uuid)
                or backend.adopted_fs_uuid(devs) or str(uuid.uuid4()))
-    building = entry is None or entry.get("state") != "ready"
+    building = entry is None or entry.state != "ready"
     if building:
         p.do(f"record {spec.name} in the mapping as building (filesystem UUID {fs_uuid})",
              lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, None, "building"))
@@ -346,7 +348,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: dict | None) -> None:
     # A cache brought back after a boot (restore) appears only when its steps run; its
     # backend knows the filesystem is already on it. A filesystem the mapping records as
     # made is never made again: its device must show it, or nothing goes on.
-    made = (entry or {}).get("state") == "ready" or p.restoring
+    made = (entry is not None and entry.state == "ready") or p.restoring
     if made and target_dev.present and target_dev.fs.get("UUID") != fs_uuid:
         p.refuse(f"{spec.name}: {target} shows {_fs_shown(target_dev)}, not the filesystem "
                  f"{fs_uuid} hotcache made on it; hotcache will not format a recorded "
@@ -398,15 +400,16 @@ def _target_device(host: Host, spec: CacheSpec, devs: dict[str, Device], target)
     return Device("cached", spec.origin, target, False, 0)
 
 
-def _plan_mount(p: Planner, spec: CacheSpec, entry, target, target_dev: Device) -> bool:
+def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target,
+                target_dev: Device) -> bool:
     """Queue what it takes to have the filesystem mounted; True if a mount is queued."""
     mp = os.path.normpath(spec.filesystem.mountpoint)
     opts = mount_options(spec)
     host = p.env.host
-    old_mp = (entry or {}).get("filesystem", {}).get("mountpoint")
+    old_mp = entry and entry.filesystem.mountpoint
     if old_mp and old_mp != mp and blockdev.mount_at(host, old_mp):
         p.run(f"unmount {old_mp} (the spec moved {spec.name} to {mp})", ["umount", old_mp])
-        old_uuid = entry.get("filesystem", {}).get("uuid")
+        old_uuid = entry.filesystem.uuid
         p.do(f"remove the old mountpoint entry of {spec.name} from {p.env.fstab}",
              lambda ctx: fstab.set_entry(p.env.fstab, spec.name, None, old_uuid, [old_mp]))
     current = blockdev.mount_at(host, mp)
@@ -435,13 +438,13 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry, target, target_dev: Device) 
     return True
 
 
-def _plan_persist(p: Planner, spec: CacheSpec, fs_uuid: str, entry: dict | None) -> None:
+def _plan_persist(p: Planner, spec: CacheSpec, fs_uuid: str, entry: CacheEntry | None) -> None:
     path = p.env.fstab
     line = None
     mp = os.path.normpath(spec.filesystem.mountpoint)
     if spec.filesystem.persist == "fstab":
         line = fstab.entry(fs_uuid, mp, FSTYPE, fstab_options(spec))
-    ours = [mp, (entry or {}).get("filesystem", {}).get("mountpoint")]
+    ours = [mp, entry and entry.filesystem.mountpoint]
     if fstab.read_entry(path, spec.name, fs_uuid, ours) != line:
         what = f"write the entry `{line}` to {path}" if line else f"remove the entry from {path}"
         p.do(f"{what} (tagged {fstab.marker(spec.name)})",
@@ -463,15 +466,15 @@ def _plan_owner(p: Planner, spec: CacheSpec, mounting: bool) -> None:
             p.run(f"set the mode of {mp} to {fs.mode}", ["chmod", fs.mode, mp])
 
 
-def _identity_missing(entry: dict | None) -> bool:
+def _identity_missing(entry: CacheEntry | None) -> bool:
     """An entry written before identities were recorded: record them now."""
-    return any("identity" not in info for info in (entry or {}).get("devices", {}).values())
+    return entry is not None and any(info.identity is None for info in entry.devices.values())
 
 
-def _entry_drifted(entry: dict | None, spec: CacheSpec) -> bool:
+def _entry_drifted(entry: CacheEntry | None, spec: CacheSpec) -> bool:
     if entry is None:
         return True
-    return without_wipe(entry.get("spec") or {}) != recorded_spec(spec)
+    return without_wipe(entry.spec) != recorded_spec(spec)
 
 
 def recorded_spec(spec: CacheSpec) -> dict:
@@ -503,27 +506,28 @@ def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
     with mapping.editing(env.state) as data:
         for image in loop_files:
             images.forget(data, image)          # in a cache again: no longer just kept
-        old = data["caches"].get(spec.name, {})
-        data["caches"][spec.name] = {
-            "backend": spec.backend,
-            "state": state,
-            "created": old.get("created", mapping.now()),
-            "updated": mapping.now(),
-            "mode": spec.effective_mode,
-            "tunables": dict(spec.tunables),
-            "devices": devices,
-            "cached_device": cached,
-            "filesystem": {
-                "type": FSTYPE, "uuid": fs_uuid, "label": fs_label(spec),
-                "mountpoint": os.path.normpath(spec.filesystem.mountpoint),
-                "options": mount_options(spec),
-                "owner": spec.filesystem.owner, "mode": spec.filesystem.mode,
-            },
-            "persist": {"fstab": str(env.fstab) if spec.filesystem.persist == "fstab" else None},
-            "backend_state": old.get("backend_state", {}),
-            "hot_copies": old.get("hot_copies", {}),
-            "spec": recorded_spec(spec),
-        }
+        old = data["caches"].get(spec.name)
+        data["caches"][spec.name] = CacheEntry(
+            backend=spec.backend,
+            state=state,
+            created=old.created if old and old.created else mapping.now(),
+            updated=mapping.now(),
+            mode=spec.effective_mode,
+            tunables=dict(spec.tunables),
+            devices={role: DeviceRecord.model_validate(info) for role, info in devices.items()},
+            cached_device=cached,
+            filesystem=Filesystem(
+                type=FSTYPE, uuid=fs_uuid, label=fs_label(spec),
+                mountpoint=os.path.normpath(spec.filesystem.mountpoint),
+                options=mount_options(spec),
+                owner=spec.filesystem.owner, mode=spec.filesystem.mode,
+            ),
+            persist=Persist(fstab=str(env.fstab) if spec.filesystem.persist == "fstab" else None),
+            backend_state=(old.backend_state if old and old.backend_state is not None
+                           else STATES.get(spec.backend, BackendState)()),
+            hot_copies=old.hot_copies if old and old.hot_copies is not None else {},
+            spec=recorded_spec(spec),
+        )
 
 
 def execute(plan: Plan, runner: Runner, progress=None) -> None:

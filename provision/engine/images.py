@@ -17,6 +17,7 @@ import os
 
 from hotcache.provision import mapping
 from hotcache.provision.errors import RefusedError
+from hotcache.provision.records import CacheEntry, DeviceRecord, Filesystem
 
 KEY = "kept_images"
 
@@ -30,11 +31,11 @@ def file_identity(path: str) -> dict | None:
     return {"st_dev": st.st_dev, "inode": st.st_ino, "size": st.st_size}
 
 
-def record(data: dict, image: str, cache: str, entry: dict, role: str) -> None:
+def record(data: dict, image: str, cache: str, entry: CacheEntry, role: str) -> None:
     """Note in the mapping `data` that `image` was kept when `cache` was taken down."""
     data.setdefault(KEY, {})[os.path.realpath(image)] = {
-        "cache": cache, "backend": entry.get("backend"), "role": role,
-        "fs_uuid": entry.get("filesystem", {}).get("uuid"), "kept": mapping.now(),
+        "cache": cache, "backend": entry.backend, "role": role,
+        "fs_uuid": entry.filesystem.uuid, "kept": mapping.now(),
         "file": file_identity(image),
     }
 
@@ -59,7 +60,7 @@ def forget(data: dict, image: str) -> None:
         data.pop(KEY, None)
 
 
-def adoptable_entry(data: dict, spec) -> dict | None:
+def adoptable_entry(data: dict, spec) -> CacheEntry | None:
     """For a backend `none` spec whose image hotcache kept at a teardown: the entry that
     lets apply recognise the filesystem on it as its own (the UUID it recorded)."""
     origin = spec.origin
@@ -79,17 +80,21 @@ def adoptable_entry(data: dict, spec) -> dict | None:
             "not mount, format or attach it; nothing was changed",
             hint="put the kept image back, or, to build a new cache on this file and lose "
                  "what it holds, give the origin `wipe: true`")
-    return {"backend": "none", "state": "kept", "filesystem": {"uuid": kept["fs_uuid"]},
-            "devices": {"origin": {"loop_file": image}}}
+    # Never saved (apply records the cache anew): only what apply reads to know the image.
+    origin = DeviceRecord.model_construct(node=None, size=None, by_id=None, identity=None,
+                                          path=None, loop_file=image)
+    return CacheEntry.model_construct(
+        backend="none", state="kept", devices={"origin": origin}, backend_state=None,
+        filesystem=Filesystem.model_construct(uuid=kept["fs_uuid"], mountpoint=None), spec={})
 
 
 def made_by_hotcache(data: dict, cache: str) -> set[str]:
     """Image files (real paths) the mapping records as hotcache's for `cache`: those its
     entry names, and those a teardown kept. Any other existing image with data in it is
     not hotcache's to format without `wipe: true`."""
-    entry = data.get("caches", {}).get(cache) or {}
-    made = {os.path.realpath(info["loop_file"]) for info in (entry.get("devices") or {}).values()
-            if isinstance(info, dict) and info.get("loop_file")}
+    entry = data.get("caches", {}).get(cache)
+    made = {os.path.realpath(info.loop_file) for info in (entry.devices if entry else {}).values()
+            if info.loop_file}
     kept = {image for image, info in (data.get(KEY) or {}).items()
             if isinstance(info, dict) and other_file(image, info) is None}
     return made | kept

@@ -95,17 +95,15 @@ def recorded_claims(state: dict) -> list[Claim]:
     may since belong to another disk), else the recorded node (failing closed)."""
     out = []
     for name, entry in state.get("caches", {}).items():
-        for role, info in (entry.get("devices") or {}).items():
-            if not isinstance(info, dict):
-                continue
-            if info.get("loop_file"):
+        for role, info in entry.devices.items():
+            if info.loop_file:
                 # The image is the identity; its loop node is whichever was free.
-                paths = [info["loop_file"]]
+                paths = [info.loop_file]
             else:
-                paths = [p for p in info.get("by_id") or [] if os.path.exists(p)]
-                if not paths and info.get("node"):
-                    paths = [info["node"]]
-            shown = info.get("path") or info.get("loop_file") or info.get("node")
+                paths = [p for p in info.by_id or [] if os.path.exists(p)]
+                if not paths and info.node:
+                    paths = [info.node]
+            shown = info.path or info.loop_file or info.node
             out.append(claim(name, f"the {role} device {shown} that the mapping records for "
                                    f"cache {name}", *paths))
     return out

@@ -36,7 +36,7 @@ def recorded_spec(state_path: Path, names: list[str] | None = None):
                          f"(known: {', '.join(data['caches']) or 'none'})")
     caches = []
     for name in chosen:
-        recorded = data["caches"][name].get("spec")
+        recorded = data["caches"][name].spec
         if not recorded:
             raise UsageError(f"{name}: the mapping {state_path} holds no spec for it; "
                              "run `hotcache apply SPEC` once")

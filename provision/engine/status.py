@@ -13,6 +13,7 @@ from hotcache.provision.backends import get as get_backend
 from hotcache.provision.backends import recorded
 from hotcache.provision.block.host import Host
 from hotcache.provision.errors import HotcacheError
+from hotcache.provision.records import CacheEntry
 from hotcache.provision.system.runner import Runner
 
 
@@ -38,22 +39,22 @@ class Problem:
     message: str
 
 
-def current_node(entry: dict, role: str = "origin", runner: Runner | None = None) -> str | None:
+def current_node(entry: CacheEntry, role: str = "origin", runner: Runner | None = None) -> str | None:
     """The recorded device's node now, found by identity (kernel names move)."""
     return recorded.current_node(entry, role, Host(runner))
 
 
-def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
+def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file) -> dict:
     host = Host(runner)
-    fs = entry.get("filesystem", {})
-    mp = fs.get("mountpoint")
+    fs = entry.filesystem
+    mp = fs.mountpoint
     problems: list[Problem] = []
 
     def found_problem(code: Code, message: str) -> None:
         problems.append(Problem(code, message))
 
     devices = {}
-    for role in entry.get("devices", {}):
+    for role in entry.devices:
         try:
             found, why = recorded.locate(entry, role, host, cache=name), Code.DEVICE_UNPROVEN
         except HotcacheError as exc:
@@ -67,16 +68,16 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
                           f"{role} device is missing ({_describe(entry, role)})")
         if found.moved:
             found_problem(Code.DEVICE_RENAMED, found.moved)
-    if entry.get("state") != "ready":
-        found_problem(Code.APPLY_UNFINISHED, f"state is {entry.get('state')!r}: an apply did "
+    if entry.state != "ready":
+        found_problem(Code.APPLY_UNFINISHED, f"state is {entry.state!r}: an apply did "
                       "not finish; run `hotcache apply` again")
-    cached = entry.get("cached_device")
-    if entry.get("backend") == "none":
+    cached = entry.cached_device
+    if entry.backend == "none":
         cached = devices.get("origin", {}).get("node")
     mount = blockdev.mount_at(host, mp) if mp else None
     result = {
-        "name": name, "backend": entry.get("backend"), "mode": entry.get("mode"),
-        "state": entry.get("state"), "devices": devices, "cached_device": cached,
+        "name": name, "backend": entry.backend, "mode": entry.mode,
+        "state": entry.state, "devices": devices, "cached_device": cached,
         "mountpoint": mp, "mounted": False, "noatime": False, "fs_uuid_matches": False,
         "options": [], "size_bytes": None, "used_bytes": None, "free_bytes": None,
         "persistent": None,
@@ -90,32 +91,32 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
         if not result["noatime"]:
             found_problem(Code.NO_NOATIME, f"{mp} is mounted without noatime (every read "
                           "writes); run `hotcache apply` to remount it")
-        missing = [o for o in fs.get("options", []) if o not in mount.options and o != "noatime"]
+        missing = [o for o in fs.options or [] if o not in mount.options and o != "noatime"]
         if missing:
             found_problem(Code.MOUNT_OPTIONS_MISSING,
                           f"{mp} is mounted without {','.join(missing)}")
         if os.path.exists(mount.source):
             got = blockdev.fs_identity(host, mount.source).get("UUID")
-            result["fs_uuid_matches"] = got == fs.get("uuid")
+            result["fs_uuid_matches"] = got == fs.uuid
             if not result["fs_uuid_matches"]:
                 found_problem(Code.WRONG_FILESYSTEM,
-                              f"{mp} holds filesystem {got}, not the recorded {fs.get('uuid')}")
+                              f"{mp} holds filesystem {got}, not the recorded {fs.uuid}")
         st = os.statvfs(mp)
         result["size_bytes"] = st.f_blocks * st.f_frsize
         result["free_bytes"] = st.f_bavail * st.f_frsize
         result["used_bytes"] = (st.f_blocks - st.f_bfree) * st.f_frsize
-    fstab_file_recorded = entry.get("persist", {}).get("fstab")
+    fstab_file_recorded = entry.persist and entry.persist.fstab
     if fstab_file_recorded:
         line = fstab.read_entry(fstab.fstab_path(str(fstab_file or fstab_file_recorded)), name,
-                                fs.get("uuid"), [fs.get("mountpoint")])
+                                fs.uuid, [fs.mountpoint])
         result["persistent"] = line is not None
         if not result["persistent"]:
             found_problem(Code.NOT_IN_FSTAB, f"no fstab entry for it in "
                           f"{fstab_file or fstab_file_recorded}; it will not be mounted at boot")
-    if entry.get("backend") != "none" and not problems:
+    if entry.backend != "none" and not problems:
         try:
             nodes = {role: d["node"] for role, d in devices.items()}
-            result["cache"] = get_backend(entry["backend"], host).stats(entry, nodes)
+            result["cache"] = get_backend(entry.backend, host).stats(entry, nodes)
         except (HotcacheError, OSError, ValueError, KeyError) as exc:
             found_problem(Code.STATS_UNREADABLE, f"cannot read cache statistics: {exc}")
     result["working_set"] = working_set(result, entry)
@@ -127,23 +128,22 @@ def cache_status(name: str, entry: dict, runner: Runner, fstab_file) -> dict:
     return result
 
 
-def working_set(row: dict, entry: dict, before: dict | None = None,
+def working_set(row: dict, entry: CacheEntry, before: dict | None = None,
                 seconds: float | None = None) -> dict:
     """The cache against what it is to hold: sizing advice and (block caches) churn."""
     from hotcache.provision.observe.workingset import churn, row_advice
 
-    copies = list((entry.get("hot_copies") or {}).values()) \
-        if isinstance(entry.get("hot_copies"), dict) else []
+    copies = [copy.dump() for copy in (entry.hot_copies or {}).values()]
     stats = row.get("cache") or {}
     return {"sizing": row_advice(row, copies),
             "activity": churn(before, stats, seconds) if stats else None}
 
 
-def _describe(entry: dict, role: str) -> str:
-    info = entry["devices"][role]
-    if info.get("loop_file"):
-        return f"loop image {info['loop_file']} is not attached"
-    return info.get("path") or info.get("node") or "?"
+def _describe(entry: CacheEntry, role: str) -> str:
+    info = entry.devices[role]
+    if info.loop_file:
+        return f"loop image {info.loop_file} is not attached"
+    return info.path or info.node or "?"
 
 
 def host_status(state_path, fstab_file, runner: Runner, name: str | None = None) -> list[dict]:

@@ -22,6 +22,7 @@ from hotcache.provision.engine.bootunit import remove_unit
 from hotcache.provision.engine.apply import Env, Planner
 from hotcache.provision.errors import RefusedError, UsageError
 from hotcache.provision.plan import Plan
+from hotcache.provision.records import BcacheState, CacheEntry, DmCacheState, LvmCacheState
 
 
 def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = False,
@@ -35,9 +36,8 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
     if wipe and forget:
         raise UsageError("--forget touches no device, so it cannot --wipe",
                          hint=f"`hotcache teardown {name} --forget` alone")
-    backend = get_backend(entry["backend"], env.host)
-    seen = {role: recorded.current_node(entry, role, env.host)
-            for role in entry.get("devices", {})}
+    backend = get_backend(entry.backend, env.host)
+    seen = {role: recorded.current_node(entry, role, env.host) for role in entry.devices}
     why = backend.live(entry, seen)
     if forget:
         return _plan_forget(name, entry, env, why)
@@ -50,10 +50,10 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
                  f"are gone for good, `hotcache teardown {name} --forget` removes the entry")
     # Every device is proven to be the recorded one before anything is touched.
     nodes = {role: recorded.require(entry, role, env.host, cache=name).node
-             for role in entry.get("devices", {})}
+             for role in entry.devices}
     plan = Plan()
     p = Planner(env, name, plan)
-    mp = entry.get("filesystem", {}).get("mountpoint")
+    mp = entry.filesystem.mountpoint
     mounted = blockdev.mount_at(env.host, mp) if mp else None
     if mounted:
         held = busy.other_namespaces_holding(mounted.source_dev)
@@ -76,10 +76,11 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
         remove_unit(p, name)
     _remove_fstab_entry(p, name, entry)
     kept = []
-    for role, info in entry.get("devices", {}).items():
+    for role, info in entry.devices.items():
         node = nodes[role]
-        image = info.get("loop_file")
-        adopted = role == "origin" and (entry.get("backend_state") or {}).get("adopted")
+        image = info.loop_file
+        adopted = role == "origin" and isinstance(entry.backend_state, LvmCacheState) \
+            and entry.backend_state.adopted
         if node is not None and wipe and adopted:
             plan.notes.append(f"the origin LV {node} is not wiped: hotcache adopted it with "
                               "its data and did not create it")
@@ -100,19 +101,18 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
     return plan
 
 
-def _remove_fstab_entry(p: Planner, name: str, entry: dict) -> None:
-    persisted = entry.get("persist", {}).get("fstab")
+def _remove_fstab_entry(p: Planner, name: str, entry: CacheEntry) -> None:
+    persisted = entry.persist and entry.persist.fstab
     if persisted:
         path = fstab.fstab_path(persisted)  # the file apply wrote, wherever it was
-        fs_uuid = entry.get("filesystem", {}).get("uuid")
-        mp = entry.get("filesystem", {}).get("mountpoint")
+        fs_uuid, mp = entry.filesystem.uuid, entry.filesystem.mountpoint
         if fstab.has_marker(path, name):
             p.do(f"remove the entry of {name} from {path} (only a line that mounts its "
                  f"UUID on {mp} goes with its marker)",
                  lambda ctx: fstab.set_entry(path, name, None, fs_uuid, [mp]))
 
 
-def _forget(p: Planner, name: str, env: Env, entry: dict, kept: list) -> None:
+def _forget(p: Planner, name: str, env: Env, entry: CacheEntry, kept: list) -> None:
     def forget(ctx):
         if ctx.runner.dry_run:
             return
@@ -124,9 +124,9 @@ def _forget(p: Planner, name: str, env: Env, entry: dict, kept: list) -> None:
     p.do(f"remove {name} from the mapping {env.state}", forget)
 
 
-def _plan_forget(name: str, entry: dict, env: Env, why: str | None) -> Plan:
+def _plan_forget(name: str, entry: CacheEntry, env: Env, why: str | None) -> Plan:
     """--forget: drop the entry, its fstab line and its unit; touch no device."""
-    if why is None and entry.get("backend") != "none":
+    if why is None and entry.backend != "none":
         raise RefusedError(f"{name} is live, so --forget would leave a running cache that "
                            "hotcache no longer knows",
                            hint=f"`hotcache teardown {name}` flushes it and takes it down")
@@ -139,37 +139,37 @@ def _plan_forget(name: str, entry: dict, env: Env, why: str | None) -> Plan:
     return plan
 
 
-def _kept_note(name: str, entry: dict, image: str, *, wiped: bool) -> str:
+def _kept_note(name: str, entry: CacheEntry, image: str, *, wiped: bool) -> str:
     """What happens to a loop image that teardown keeps, and how to be rid of it."""
     if wiped:
         what = "kept, its signatures erased (--wipe)"
-    elif entry.get("backend") == "none":
+    elif entry.backend == "none":
         what = ("kept with its filesystem and data; an apply naming it again mounts it "
                 "again")
     else:
-        what = (f"kept with the {entry.get('backend')} metadata and data on it; to build a "
+        what = (f"kept with the {entry.backend} metadata and data on it; to build a "
                 "cache on it again, give it `wipe: true` in the spec (its data is lost)")
     return (f"image {image} is {what}. `rm {image}` deletes it; `--remove-images` "
             "deletes a cache's images as part of the teardown")
 
 
-def lost(entry: dict, why: str | None) -> list[str]:
+def lost(entry: CacheEntry, why: str | None) -> list[str]:
     """What forgetting the entry loses, said before it is done."""
-    st = entry.get("backend_state") or {}
+    st = entry.backend_state
     out = [f"not live: {why}"] if why else []
-    if entry.get("mode") == "writeback":
+    if entry.mode == "writeback":
         out.append("the cache was in writeback: dirty blocks still on the SSD will never "
                    "reach the origin, so the filesystem on the origin may be incomplete")
-    if st.get("data_sectors"):
-        out.append(f"the dm-cache geometry (block {st.get('block_sectors')} sectors, "
-                   f"metadata {st.get('meta_sectors')}, data {st.get('data_sectors')}) needed "
+    if isinstance(st, DmCacheState) and st.data_sectors:
+        out.append(f"the dm-cache geometry (block {st.block_sectors} sectors, "
+                   f"metadata {st.meta_sectors}, data {st.data_sectors}) needed "
                    "to load the cache again")
-    if st.get("cset_uuid"):
-        out.append(f"which cache set ({st['cset_uuid']}) and backing device "
-                   f"({st.get('backing_uuid')}) belong together")
-    if st.get("vg"):
-        out.append(f"that volume group {st['vg']} belongs to this cache")
-    for role, info in (entry.get("devices") or {}).items():
+    if isinstance(st, BcacheState) and st.cset_uuid:
+        out.append(f"which cache set ({st.cset_uuid}) and backing device "
+                   f"({st.backing_uuid}) belong together")
+    if isinstance(st, LvmCacheState) and st.vg:
+        out.append(f"that volume group {st.vg} belongs to this cache")
+    for role, info in entry.devices.items():
         out.append(f"the record of its {role} device, {recorded.describe_recorded(info)}, "
                    "which hotcache then treats as foreign")
     return [f"--forget loses {x}" for x in out]

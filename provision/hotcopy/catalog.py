@@ -8,18 +8,19 @@ from pathlib import Path
 
 from hotcache.provision import mapping
 from hotcache.provision.hotcopy.format import METADATA, STAGING_SUFFIX, copy_state
+from hotcache.provision.records import CacheEntry, HotCopy
 
 RECORDED = ("name", "version", "files", "bytes", "copied_at", "verified_at", "verify_ok")
 
 
-def backing_cache(path: Path, data: dict) -> tuple[str, dict] | None:
+def backing_cache(path: Path, data: dict) -> tuple[str, CacheEntry] | None:
     """The mapping entry whose mountpoint holds `path` (the deepest one), or None."""
     real = os.path.realpath(path)
     best = None
     for name, entry in data.get("caches", {}).items():
-        mp = (entry.get("filesystem") or {}).get("mountpoint")
+        mp = entry.filesystem.mountpoint
         if mp and (real == mp or real.startswith(mp.rstrip("/") + "/")):
-            if best is None or len(mp) > len(best[1]["filesystem"]["mountpoint"]):
+            if best is None or len(mp) > len(best[1].filesystem.mountpoint):
                 best = (name, entry)
     return best
 
@@ -35,9 +36,9 @@ def record(dest: Path, meta: dict, state: Path | None) -> str | None:
         if found is None:
             return None
         name, entry = found
-        copies = entry.setdefault("hot_copies", {}) or {}
-        copies[str(dest)] = {k: meta.get(k) for k in RECORDED}
-        entry["hot_copies"] = copies
+        copies = dict(entry.hot_copies or {})
+        copies[str(dest)] = HotCopy.model_validate({k: meta.get(k) for k in RECORDED})
+        entry.hot_copies = copies
         return name
 
 
@@ -55,7 +56,7 @@ def find(roots: list[Path], state: Path | None) -> list[dict]:
     path = mapping.state_path(state and str(state))
     if path.exists():
         for cache, entry in mapping.load(path).get("caches", {}).items():
-            for dest in (entry.get("hot_copies") or {}):
+            for dest in (entry.hot_copies or {}):
                 rows[dest] = describe(Path(dest), cache)
     data = mapping.load(path) if path.exists() else mapping.empty()
     for root in roots:

@@ -218,7 +218,7 @@ def roots_from_mapping(state: Path | None) -> list[Path]:
         return []
     out = []
     for entry in mapping.load(path).get("caches", {}).values():
-        mp = (entry.get("filesystem") or {}).get("mountpoint")
+        mp = entry.filesystem.mountpoint
         if mp and os.path.ismount(mp):
             out.append(Path(mp))
     return out

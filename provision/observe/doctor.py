@@ -163,7 +163,7 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
 
 
 def used_backends(caches: dict) -> set[str]:
-    return {str(e.get("backend")) for e in caches.values()}
+    return {e.backend for e in caches.values()}
 
 
 def check_kernel(caches: dict) -> list[Finding]:
@@ -174,7 +174,7 @@ def check_kernel(caches: dict) -> list[Finding]:
     used = used_backends(caches)
     for feature in sorted(set(KERNEL_FEATURE.values())):
         backends = sorted(b for b, f in KERNEL_FEATURE.items() if f == feature)
-        users = sorted(n for n, e in caches.items() if e.get("backend") in backends)
+        users = sorted(n for n, e in caches.items() if e.backend in backends)
         if kernel_has(feature):
             out.append(Finding("kernel", OK, feature, f"the kernel has {feature} "
                                f"({', '.join(backends)} can run)"))
@@ -232,11 +232,10 @@ def _fstab_lines(path: Path):
 def check_nofail(caches: dict, opts: Options) -> list[Finding]:
     """Every boot-time mount of a hotcache filesystem (or of a folder inside one) must
     have `nofail`: otherwise a late or dead SSD drops the host into emergency mode."""
-    mounts = {os.path.normpath(mp): name for name, e in caches.items()
-              if (mp := e.get("filesystem", {}).get("mountpoint"))}
+    mounts = {os.path.normpath(e.filesystem.mountpoint): name for name, e in caches.items()}
     files = {opts.system_fstab}
     for entry in caches.values():
-        recorded = entry.get("persist", {}).get("fstab")
+        recorded = entry.persist and entry.persist.fstab
         if recorded:
             files.add(Path(opts.fstab or recorded))
     out = []
@@ -249,8 +248,7 @@ def check_nofail(caches: dict, opts: Options) -> list[Finding]:
             if "nofail" in options:
                 out.append(Finding("nofail", OK, f"{path}:{n}", f"{mp} ({owner}) mounts with nofail"))
                 continue
-            own = fstab.read_entry(path, owner, caches[owner].get("filesystem", {}).get("uuid"),
-                                   [mp]) is not None
+            own = fstab.read_entry(path, owner, caches[owner].filesystem.uuid, [mp]) is not None
             out.append(Finding.coded(
                 "nofail", PROBLEM, f"{path}:{n}",
                 f"{path} line {n} mounts {device} on {mp} (cache {owner}) without nofail: "
@@ -284,10 +282,10 @@ def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
 
     out = []
     for name, entry in sorted(caches.items()):
-        backend = entry.get("backend")
+        backend = entry.backend
         if backend not in RESTORE_NEEDED:
             continue
-        tunables = entry.get("tunables") or {}
+        tunables = entry.tunables or {}
         if backend == "bcache" and not tunables:
             continue  # cache_mode lives in the superblock: nothing to restore
         unit = unit_dir / unit_name(name)

@@ -25,6 +25,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from hotcache.provision import mapping
 from hotcache.provision.hotcopy import format as hotcopy_format
+from hotcache.provision.records import CacheEntry
 
 DEFAULT_TEXTFILE = "/var/lib/prometheus/node-exporter/hotcache.prom"
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
@@ -72,23 +73,16 @@ def _timestamp(value) -> float | None:
 
 # --- hot copies ------------------------------------------------------------------------
 
-def hot_copies(entry: dict, mounted: bool) -> list[dict]:
-    """The hot copies on one cache: those its mapping entry records (`hot_copies`, a dict
-    or list of entries with a `path`/`dest`, or keyed by path), plus those found one or
-    two folders below its mountpoint. Numbers come from each copy's own metadata file;
-    a recorded copy that is gone is reported with present=False."""
+def hot_copies(entry: CacheEntry | None, mounted: bool) -> list[dict]:
+    """The hot copies on one cache: those its mapping entry records (`hot_copies`, keyed
+    by path), plus those found one or two folders below its mountpoint. Numbers come from
+    each copy's own metadata file; a recorded copy that is gone is reported with
+    present=False."""
     found: dict[str, dict] = {}
-    recorded = entry.get("hot_copies") or {}
-    items = recorded.items() if isinstance(recorded, dict) else enumerate(recorded) \
-        if isinstance(recorded, list) else ()
-    for key, info in items:
-        info = info if isinstance(info, dict) else {}
-        path = info.get("path") or info.get("dest") or (key if isinstance(key, str) else None)
-        if isinstance(path, str) and os.path.isabs(path):
-            found[os.path.normpath(path)] = {"name": info.get("name") or
-                                             (key if not str(key).startswith("/") else None),
-                                             **info}
-    mp = entry.get("filesystem", {}).get("mountpoint")
+    for path, copy in ((entry and entry.hot_copies) or {}).items():
+        if os.path.isabs(path):
+            found[os.path.normpath(path)] = {"name": None, **copy.dump()}
+    mp = entry and entry.filesystem.mountpoint
     if mounted and mp:
         for path in _scan(Path(mp)):
             found.setdefault(str(path), {})
@@ -194,8 +188,7 @@ class StatusCollector:
                 g.gauge(f"filesystem_{key}", help_, ["cache", "mountpoint"]).add_metric(
                     [name, mp], value)
         self._working_set(g, name, row, stats)
-        entry = self.entries.get(name) or {}
-        for copy in hot_copies(entry, bool(row.get("mounted"))):
+        for copy in hot_copies(self.entries.get(name), bool(row.get("mounted"))):
             self._copy(g, name, copy)
 
     def _working_set(self, g: "_Families", name: str, row: dict, stats: dict) -> None:

@@ -85,7 +85,7 @@ def verified_copies(rows: list[dict], caches: dict) -> list[dict]:
     status` rows, `caches` the mapping's entries."""
     out = []
     for row in filter(_up, rows):
-        for copy in hot_copies(caches.get(row["name"]) or {}, True):
+        for copy in hot_copies(caches.get(row["name"]), True):
             if copy["state"].verified:
                 out.append({**copy, "cache": row["name"], "backend": row.get("backend")})
     return out

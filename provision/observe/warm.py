@@ -65,7 +65,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from hotcache.provision.backends import BACKENDS
 from hotcache.provision.system import beneath
@@ -74,6 +74,9 @@ from hotcache.provision.errors import HotcacheError, UsageError
 from hotcache.provision.hotcopy.filecopy import default_jobs
 from hotcache.provision.system.chunks import CHUNK, chunks, thread_buffer
 from hotcache.provision.system.meter import NullMeter
+
+if TYPE_CHECKING:
+    from hotcache.provision.records import CacheEntry
 
 WINDOWS = 8             # the focused sweep's windows, at most
 MIN_WINDOW = 8 << 20    # bytes: smaller data sets get fewer windows
@@ -213,18 +216,18 @@ def backing(path: Path, state: Path | None) -> tuple[str, dict] | None:
         return None   # an unreadable mapping: warm the page cache all the same
 
 
-def backend_stats(entry: dict, runner) -> Callable[[], dict | None]:
+def backend_stats(entry: CacheEntry, runner) -> Callable[[], dict | None]:
     from hotcache.provision.backends import get, recorded
 
     from hotcache.provision.block.host import Host
 
     host = Host(runner)
-    backend = get(entry["backend"], host)
+    backend = get(entry.backend, host)
 
     def read() -> dict | None:
         try:
             nodes = {role: recorded.current_node(entry, role, host)
-                     for role in entry.get("devices", {})}
+                     for role in entry.devices}
             return backend.stats(entry, nodes)
         except (HotcacheError, OSError, ValueError, KeyError):
             return None   # statistics are a report, not a reason to stop warming
@@ -465,7 +468,7 @@ def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None =
         found = backing(path, state)
         if found:
             cache, entry = found
-            backend = entry.get("backend")
+            backend = entry.backend
             if backend in BACKENDS and BACKENDS[backend].block_cache:
                 from hotcache.provision.system.runner import Runner
 

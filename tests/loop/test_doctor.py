@@ -23,6 +23,7 @@ import yaml
 from hotcache.provision import mapping
 from hotcache.provision.observe import doctor
 from hotcache.provision.hotcopy import format as hotcopy_format
+from tests.helpers import entry_record
 
 pytestmark = pytest.mark.root
 
@@ -210,9 +211,9 @@ def test_missing_program_is_a_problem_only_for_a_backend_in_use(host, monkeypatc
 def test_boot_restore_unit_must_be_installed_and_enabled(tmp_path):
     from hotcache.provision.engine.bootunit import unit_name
 
-    caches = {"fast": {"backend": "bcache", "tunables": {"sequential_cutoff": 0}},
-              "plain": {"backend": "bcache", "tunables": {}},  # cache_mode survives alone
-              "raw": {"backend": "dm-cache", "tunables": {}}}
+    caches = {"fast": entry_record("fast", backend="bcache", tunables={"sequential_cutoff": 0}),
+              "plain": entry_record("plain", backend="bcache", tunables={}),  # cache_mode survives alone
+              "raw": entry_record("raw", backend="dm-cache", tunables={})}
     units = tmp_path / "units"
     units.mkdir()
 

@@ -91,7 +91,7 @@ def test_reapply_after_teardown_mounts_the_kept_image_again(sandbox):
     hotcache("apply", spec, "--yes", check=True)
     assert (mp / "data.bin").read_bytes() == b"kept" * 1024
     state = mapping.load(Path(os.environ["HOTCACHE_STATE"]))
-    assert state["caches"]["hot"]["state"] == "ready" and "kept_images" not in state
+    assert state["caches"]["hot"].state == "ready" and "kept_images" not in state
 
 
 def test_a_kept_image_reformatted_by_someone_else_is_refused(sandbox):
@@ -328,7 +328,7 @@ def test_apply_interrupted_between_steps_converges(sandbox, stop_before):
     ran = words[:stop_before]
     entry = mapping.load(state_path())["caches"].get("hot")
     if stop_before > 2:
-        assert entry["state"] == "building", entry
+        assert entry.state == "building", entry
     else:
         assert entry is None
     second = engine.plan_apply(spec, env)
@@ -343,7 +343,7 @@ def test_apply_interrupted_between_steps_converges(sandbox, stop_before):
     assert engine.plan_apply(spec, env).empty
     rc, doc = hotcache_json("status")
     assert rc == 0 and doc["ok"], doc
-    assert mapping.load(state_path())["caches"]["hot"]["state"] == "ready"
+    assert mapping.load(state_path())["caches"]["hot"].state == "ready"
     assert len(loops_under(sandbox)) == 1
 
 

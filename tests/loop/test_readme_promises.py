@@ -55,7 +55,7 @@ def test_restore_reattaches_the_loop_device_and_mounts(sandbox):
     hotcache("apply", spec, "--yes", check=True)
     mp = sandbox / "mnt" / "hot"
     (mp / "kept").write_bytes(b"survives the reboot")
-    uuid = mapping.load(Path(os.environ["HOTCACHE_STATE"]))["caches"]["hot"]["filesystem"]["uuid"]
+    uuid = mapping.load(Path(os.environ["HOTCACHE_STATE"]))["caches"]["hot"].filesystem.uuid
     cleanup(sandbox)                      # "reboot": unmounted, loop device detached
     assert loops_under(sandbox) == []
     rc, doc = hotcache_json("status")

@@ -11,6 +11,7 @@ from hotcache.provision.engine.apply import Device, Planner
 from hotcache.provision.plan import Plan
 from hotcache.provision.engine.spec import CacheSpec
 
+from tests.helpers import entry_record
 from tests.unit.fakehost import FakeHost
 
 CHANGES = ("pvcreate", "vgcreate", "vgextend", "lvcreate", "lvconvert", "lvchange",
@@ -89,7 +90,7 @@ def test_in_place_changes_plan_lvchange_with_yes(tmp_path):
                             "kernel_cache_settings": "migration_threshold=2048"}}
     host = lvm_host(tmp_path, lvs=built, pvs={"/dev/ssd": "hc_c1"})
     p = planner(tmp_path, host)
-    entry = {"state": "ready", "backend_state": {"vg": "hc_c1", "origin_lv": "data"}}
+    entry = entry_record(backend="lvmcache", backend_state={"vg": "hc_c1", "origin_lv": "data"})
     lvmcache.LvmCache(host).build(p, spec(mode="writeback", tunables={"migration_threshold": 4096}),
                               entry, {"origin": device("origin", "/dev/hdd"),
                                       "cache": device("cache", "/dev/ssd")})
@@ -118,9 +119,9 @@ def test_teardown_plans_every_lvm_command_with_yes(tmp_path):
     built = {"hc_c1/data": {"lv_name": "data", "lv_attr": "Cwi-aoC---", "segtype": "cache"}}
     host = lvm_host(tmp_path, lvs=built, pvs={"/dev/ssd": "hc_c1"})
     p = planner(tmp_path, host)
-    lvmcache.LvmCache(host).dismantle(p, {"spec": {"name": "c1"},
-                                      "backend_state": {"vg": "hc_c1", "origin_lv": "data"}},
-                                  {"cache": "/dev/ssd"})
+    entry = entry_record(backend="lvmcache",
+                         backend_state={"vg": "hc_c1", "origin_lv": "data"})
+    lvmcache.LvmCache(host).dismantle(p, entry, {"cache": "/dev/ssd"})
     steps = argvs(p)
     assert [a[0] for a in steps] == ["lvchange", "lvchange", "lvconvert", "vgreduce", "pvremove"]
     assert_never_prompts(steps)
@@ -156,7 +157,7 @@ def test_a_first_build_records_the_pv_vg_and_lv_uuids(tmp_path):
     got = lvmcache.uuids(built, "hc_c1", "data", {"origin": "/dev/hdd", "cache": "/dev/ssd"})
     assert got == {"pv_uuids": {"origin": "PV-hdd", "cache": "PV-ssd"}, **UUIDS}
     # what blkid shows on each device is what a later command requires there
-    entry = {"state": "ready", "backend": "lvmcache", "backend_state": got}
+    entry = entry_record(backend="lvmcache", backend_state=got)
     assert lvmcache.LvmCache(host).signature(entry, "cache") == ("LVM2_member", "PV-ssd")
 
 
@@ -176,9 +177,9 @@ def test_restore_and_teardown_refuse_a_vg_or_lv_whose_uuid_differs(tmp_path, key
     from hotcache.provision.errors import RefusedError
 
     other = {"hc_c1/data": {**BUILT["hc_c1/data"], key: "SOMEONE-ELSES"}}
-    entry = {"state": "ready", "spec": {"name": "c1"},
-             "backend_state": {"vg": "hc_c1", "origin_lv": "data", **UUIDS,
-                               "pv_uuids": {"origin": "PV-hdd", "cache": "PV-ssd"}}}
+    entry = entry_record(backend="lvmcache",
+                         backend_state={"vg": "hc_c1", "origin_lv": "data", **UUIDS,
+                                        "pv_uuids": {"origin": "PV-hdd", "cache": "PV-ssd"}})
     devs = {"origin": device("origin", "/dev/hdd"), "cache": device("cache", "/dev/ssd")}
     for i, attempt in enumerate((
             lambda h, p: lvmcache.LvmCache(h).build(p, spec(mode="writeback"), entry, devs),

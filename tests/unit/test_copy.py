@@ -15,7 +15,7 @@ import yaml
 
 from hotcache.provision import mapping
 
-from tests.helpers import hotcache, hotcache_json
+from tests.helpers import hotcache, hotcache_json, recorded_entry
 
 META = ".hotcache-copy.json"
 
@@ -236,9 +236,8 @@ def test_copy_on_a_managed_mount_is_recorded_in_the_mapping(env):
     state.parent.mkdir()
     mount = env / "mnt" / "hot"
     mount.mkdir(parents=True)
-    mapping.save(state, {"caches": {"hot": {
-        "backend": "none", "state": "ready", "devices": {}, "spec": {},
-        "filesystem": {"mountpoint": str(mount)}, "hot_copies": {}}}})
+    mapping.save(state, {"caches": {"hot": recorded_entry(
+        "hot", filesystem={"mountpoint": str(mount)}, hot_copies={})}})
     src = make_dataset(env / "src", n=3)
     dest = mount / "pets"
     hotcache("copy", src, dest, "--name", "pets", check=True)

@@ -13,6 +13,7 @@ from hotcache.adapters.dataroot import hot_copy_at
 from hotcache.provision.hotcopy import catalog
 from hotcache.provision.hotcopy.format import METADATA, CopyState, copy_state, staging_dir
 from hotcache.provision.observe import doctor, metrics
+from tests.helpers import entry_record
 from tests.unit.test_metrics import make_copy
 
 WHEN = "2027-01-15T00:00:00+00:00"
@@ -58,7 +59,7 @@ DOCTOR = {CopyState.VERIFIED: None, CopyState.VERIFIED_REFRESH_INTERRUPTED: None
 
 
 def doctor_code(dest: Path) -> str | None:
-    caches = {"data": {"hot_copies": {str(dest): {"name": "imagenet"}}}}
+    caches = {"data": entry_record("data", hot_copies={str(dest): {"name": "imagenet"}})}
     rows = {"data": {"mounted": True, "size_bytes": 100, "free_bytes": 50, "mountpoint": "/x"}}
     opts = doctor.Options(Path("m.yaml"), None, Path("fstab"), Path("units"),
                           max_verify_age_days=1e9)
@@ -75,7 +76,7 @@ def test_every_reader_agrees_on_the_state(tmp_path, case):
     make(dest)
     assert copy_state(dest)[0] == state
     assert catalog.describe(dest)["state"] == state.value           # `hotcache copies`
-    (row,) = metrics.hot_copies({"hot_copies": {str(dest): {}}}, False)
+    (row,) = metrics.hot_copies(entry_record(hot_copies={str(dest): {}}), False)
     assert (row["state"], row["present"], row["verify_ok"]) == (state, state.published, verify_ok)
     seen = hot_copy_at(dest)                                          # the adapters
     assert seen.state == level

@@ -46,13 +46,20 @@ def test_missing_program_names_the_debian_package(monkeypatch):
     assert info.value.exit_code == 7 and "apt-get install xfsprogs" in str(info.value)
 
 
+def entry(name: str) -> dict:
+    """The fewest fields a mapping entry has (records.CacheEntry)."""
+    return {"backend": "none", "state": "ready", "devices": {},
+            "filesystem": {"uuid": f"uuid-{name}", "mountpoint": f"/mnt/{name}"},
+            "spec": {"name": name}}
+
+
 def test_mapping_roundtrip_is_atomic_and_versioned(tmp_path, monkeypatch):
     """A new mapping is a new file renamed over the old one, after its data reached the
     disk: a reader holding the old file keeps reading it whole, and an in-place rewrite
     (same inode) fails here."""
     path = tmp_path / "etc" / "mappings.yaml"
     with mapping.editing(path) as data:
-        data["caches"]["a"] = {"backend": "none"}
+        data["caches"]["a"] = entry("a")
     saved = yaml.safe_load(path.read_text())
     assert saved["schema_version"] == mapping.SCHEMA_VERSION and saved["caches"]["a"]
     assert "tool_version" in saved and "updated" in saved
@@ -63,7 +70,7 @@ def test_mapping_roundtrip_is_atomic_and_versioned(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "replace", lambda a, b: calls.append("replace") or real_replace(a, b))
     with open(path) as reader:
         with mapping.editing(path) as data:
-            data["caches"]["b"] = {"backend": "none"}
+            data["caches"]["b"] = entry("b")
         assert reader.read() == first_text             # the old file, whole
     assert path.stat().st_ino != first_inode
     assert calls == ["fsync", "replace", "fsync"]       # file data, rename, the folder
@@ -76,7 +83,7 @@ def test_mapping_edits_under_the_lock_do_not_lose_updates(tmp_path):
 
     def add(i):
         with mapping.editing(path) as data:
-            data["caches"][f"c{i}"] = {}
+            data["caches"][f"c{i}"] = entry(f"c{i}")
 
     threads = [threading.Thread(target=add, args=(i,)) for i in range(20)]
     for t in threads:

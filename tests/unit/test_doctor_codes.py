@@ -8,6 +8,7 @@ import dataclasses
 from hotcache.provision.engine import status
 from hotcache.provision.engine.status import Code as Drift
 from hotcache.provision.observe import doctor
+from hotcache.provision.records import CacheEntry
 from hotcache.provision.system.runner import Runner
 from tests.helpers import hotcache_json
 from tests.unit.test_metrics import write_state
@@ -19,13 +20,15 @@ def drifted_entry(tmp_path) -> dict:
     (tmp_path / "mnt").mkdir()
     (tmp_path / "fstab").write_text("")
     return {"backend": "none", "state": "building", "mode": None,
-            "devices": {"origin": {"loop_file": str(tmp_path / "gone.img"), "node": "/dev/loop99"}},
+            "devices": {"origin": {"loop_file": str(tmp_path / "gone.img"), "node": "/dev/loop99",
+                                   "size": 2**30}},
             "filesystem": {"mountpoint": str(tmp_path / "mnt"), "uuid": "1234"},
-            "persist": {"fstab": str(tmp_path / "fstab")}}
+            "persist": {"fstab": str(tmp_path / "fstab")}, "spec": {"name": "data"}}
 
 
 def test_status_gives_each_problem_a_code(tmp_path):
-    row = status.cache_status("data", drifted_entry(tmp_path), Runner(), None)
+    row = status.cache_status("data", CacheEntry.model_validate(drifted_entry(tmp_path)),
+                              Runner(), None)
     codes = [f["code"] for f in row["findings"]]
     assert codes == [Drift.DEVICE_MISSING, Drift.APPLY_UNFINISHED, Drift.NOT_MOUNTED,
                      Drift.NOT_IN_FSTAB]
@@ -33,7 +36,8 @@ def test_status_gives_each_problem_a_code(tmp_path):
 
 
 def test_rewording_a_status_message_keeps_doctor_advice(tmp_path):
-    row = status.cache_status("data", drifted_entry(tmp_path), Runner(), None)
+    row = status.cache_status("data", CacheEntry.model_validate(drifted_entry(tmp_path)),
+                              Runner(), None)
     said = doctor.check_drift({"data": row})
     reworded = {**row, "findings": [{**f, "message": f"reworded {n}"}
                                     for n, f in enumerate(row["findings"])]}

@@ -13,6 +13,7 @@ from hotcache.provision.backends.dmcache import DmCache
 from hotcache.provision.engine.apply import Device, plan_apply
 from hotcache.provision.engine.restore import plan_restore
 from hotcache.provision.engine.spec import DeviceRef, HostSpec
+from hotcache.provision.records import CacheEntry
 from hotcache.provision.engine.teardown import plan_teardown
 from hotcache.provision.errors import ExitCode, HotcacheError, RefusedError
 
@@ -199,9 +200,10 @@ def test_dm_cache_restore_with_a_failing_blkid_is_an_error(host, env):
 
 def test_dm_cache_owns_no_signature_less_device_it_cannot_prove(host):
     cache = Device("cache", DeviceRef(path="/dev/vdb"), "/dev/vdb", True, 64 * 2**20)
-    assert DmCache(host).owns(entry(), cache) is False          # any blank SSD used to pass
+    recorded = CacheEntry.model_validate(entry())
+    assert DmCache(host).owns(recorded, cache) is False          # any blank SSD used to pass
     cache.proven = True
-    assert DmCache(host).owns(entry(), cache) is True
+    assert DmCache(host).owns(recorded, cache) is True
 
 
 # --- case 5: a cache that is not live is never torn down -------------------------------

@@ -1,7 +1,7 @@
 """Imports run one way (ARCHITECTURE.md), read from the source with ast: every import,
 at the top of a module or inside a function, counts.
 
-    cli -> engine, hotcopy, observe -> backends -> plan, mapping -> block -> system
+    cli -> engine, hotcopy, observe -> backends -> plan, mapping, records -> block -> system
     errors.py is a leaf; adapters import only hotcopy/format.py, system/mountinfo.py and
     errors.py of provision; provision never imports adapters.
 
@@ -20,7 +20,7 @@ PACKAGES = {"hotcache.provision": ROOT / "provision", "hotcache.adapters": ROOT 
 
 # Lower number = lower layer. A module may import its own layer or any lower one.
 LAYERS = {
-    "errors": 0, "system": 1, "block": 2, "plan": 3, "mapping": 3, "backends": 4,
+    "errors": 0, "system": 1, "block": 2, "plan": 3, "mapping": 3, "records": 3, "backends": 4,
     "hotcopy": 5, "engine": 5, "observe": 5, "cli": 6,
 }
 # What the adapters may use of provision: standard-library modules only.

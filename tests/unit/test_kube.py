@@ -12,6 +12,7 @@ import shutil
 import pytest
 import yaml
 
+from hotcache.provision import mapping
 from hotcache.provision.errors import UsageError
 from hotcache.provision.hotcopy import format as hotcopy_format
 from hotcache.provision.observe import kube, metrics, nodelabels
@@ -34,7 +35,7 @@ def host(tmp_path):
 
 
 def feature_labels(rows, state) -> dict:
-    text = nodelabels.feature_file(nodelabels.labels(rows, yaml.safe_load(state.read_text())["caches"]),
+    text = nodelabels.feature_file(nodelabels.labels(rows, mapping.load(state)["caches"]),
                                    now=NOW)
     return kubecheck.parse_feature_file(text, NOW)
 
@@ -67,7 +68,7 @@ def test_labels_follow_the_copies(host):
 
 def test_expiry_line_drops_every_label_once_passed(host):
     mp, state, rows = host
-    text = nodelabels.feature_file(nodelabels.labels(rows, yaml.safe_load(state.read_text())["caches"]),
+    text = nodelabels.feature_file(nodelabels.labels(rows, mapping.load(state)["caches"]),
                                    now=NOW, expiry_seconds=600)
     assert kubecheck.expiry_of(text) == NOW + dt.timedelta(seconds=600)
     assert kubecheck.parse_feature_file(text, NOW + dt.timedelta(seconds=599))
@@ -100,7 +101,7 @@ def test_write_replaces_the_file_atomically(host, tmp_path):
 
 def test_manifests_validate_and_send_the_job_where_the_label_is(host):
     mp, state, rows = host
-    caches = yaml.safe_load(state.read_text())["caches"]
+    caches = mapping.load(state)["caches"]
     docs = kubecheck.validate_manifests(kube.to_yaml(
         kube.manifests(rows, caches, node="gpu-7", uid=1234, gid=1234)))
     kinds = [d["kind"] for d in docs]
@@ -134,7 +135,7 @@ def test_manifests_validate_and_send_the_job_where_the_label_is(host):
 
 def test_manifests_refuse_root_and_unknown_datasets(host):
     mp, state, rows = host
-    caches = yaml.safe_load(state.read_text())["caches"]
+    caches = mapping.load(state)["caches"]
     with pytest.raises(UsageError, match="non-root"):
         kube.manifests(rows, caches, uid=0)
     with pytest.raises(UsageError, match="no verified hot copy of dataset 'coco"):
@@ -167,7 +168,7 @@ def test_timer_refreshes_the_labels_too():
 
 def test_job_can_mount_the_mapping_for_the_stale_check(host):
     mp, state, rows = host
-    caches = yaml.safe_load(state.read_text())["caches"]
+    caches = mapping.load(state)["caches"]
     docs = kubecheck.validate_manifests(kube.to_yaml(kube.manifests(
         rows, caches, node="n", mapping="/etc/hotcache/mappings.yaml")))
     pod = docs[-1]["spec"]["template"]["spec"]

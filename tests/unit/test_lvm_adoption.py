@@ -13,6 +13,7 @@ from hotcache.provision.engine import apply, teardown
 from hotcache.provision.plan import Plan
 from hotcache.provision.engine.spec import CacheSpec
 from hotcache.provision.system.runner import Result, Runner
+from tests.helpers import entry_record
 
 SPEC = CacheSpec.model_validate({
     "name": "home", "backend": "lvmcache", "origin": {"path": "/dev/vg0/home", "wipe": True},
@@ -62,10 +63,12 @@ def test_adopting_a_busy_lv_is_refused_even_with_wipe(lv, tmp_path, report, why)
 def test_an_idle_lv_is_adopted_and_the_adopted_lv_stays_ours_once_mounted(lv):
     idle = origin(DeviceReport("/dev/dm-4", 2**30, True))
     assert backend().owns(None, idle)
-    entry = {"backend_state": {"vg": "vg0", "origin_lv": "home", "adopted": True}}
+    entry = entry_record(backend="lvmcache",
+                         backend_state={"vg": "vg0", "origin_lv": "home", "adopted": True})
     mounted = origin(DeviceReport("/dev/dm-4", 2**30, True, mountpoints=["/mnt/hot"]))
     assert backend().owns(entry, mounted)
-    other = {"backend_state": {"vg": "vg0", "origin_lv": "data", "adopted": True}}
+    other = entry_record(backend="lvmcache",
+                         backend_state={"vg": "vg0", "origin_lv": "data", "adopted": True})
     assert not backend().owns(other, mounted)
 
 
@@ -73,9 +76,11 @@ def test_teardown_wipe_never_wipes_an_adopted_lv(tmp_path, monkeypatch):
     state = tmp_path / "m.yaml"
     entry = {"backend": "lvmcache", "state": "ready",
              "backend_state": {"vg": "vg0", "origin_lv": "home", "adopted": True},
-             "devices": {"origin": {"node": "/dev/dm-4", "path": "/dev/vg0/home"},
-                         "cache": {"node": "/dev/nvme1n1", "path": "/dev/nvme1n1"}},
-             "filesystem": {"uuid": "f00", "mountpoint": str(tmp_path / "mnt")}}
+             "devices": {"origin": {"node": "/dev/dm-4", "size": 2**30, "path": "/dev/vg0/home"},
+                         "cache": {"node": "/dev/nvme1n1", "size": 2**30,
+                                   "path": "/dev/nvme1n1"}},
+             "filesystem": {"uuid": "f00", "mountpoint": str(tmp_path / "mnt")},
+             "spec": {"name": "home"}}
     with mapping.editing(state) as data:
         data["caches"]["home"] = entry
     monkeypatch.setenv("HOTCACHE_UNIT_DIR", str(tmp_path / "units"))
@@ -83,7 +88,7 @@ def test_teardown_wipe_never_wipes_an_adopted_lv(tmp_path, monkeypatch):
 
     monkeypatch.setattr(lvmcache.LvmCache, "live", lambda self, e, nodes: None)  # active
     monkeypatch.setattr(recorded, "locate", lambda e, role, *a, **k: recorded.Found(
-        role, node=e["devices"][role]["node"]))
+        role, node=e.devices[role].node))
     runner = Lvm()
     plan = teardown.plan_teardown("home", apply.Env(runner, state, tmp_path / "fstab"),
                                   wipe=True)

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from hotcache.provision import mapping
@@ -17,6 +18,7 @@ from hotcache.provision.hotcopy import format as hotcopy_format
 from hotcache.provision.observe import metrics
 from hotcache.provision.errors import UsageError
 from hotcache.provision.system.runner import Runner
+from tests.helpers import recorded_entry
 
 NOW = 1_800_000_000.0
 
@@ -42,7 +44,8 @@ def make_copy(dest: Path, *, name="imagenet", verify_ok=True, verified_at="2027-
 
 
 def write_state(path: Path, caches: dict) -> Path:
-    mapping.save(path, {"caches": caches})
+    """A mapping of `caches`, each given only the fields a test needs."""
+    mapping.save(path, {"caches": {n: recorded_entry(n, **e) for n, e in caches.items()}})
     return path
 
 
@@ -129,7 +132,7 @@ def test_hot_copies_found_recorded_and_missing(tmp_path):
     make_copy(mp / "raw", name="raw", verify_ok=None, verified_at=None)  # never verified
     (mp / ".x.hotcache-staging").mkdir()
     entry = {"filesystem": {"mountpoint": str(mp)},
-             "hot_copies": {"gone": {"path": str(mp / "gone"), "files": 3, "bytes": 30}}}
+             "hot_copies": {str(mp / "gone"): {"name": "gone", "files": 3, "bytes": 30}}}
     state = write_state(tmp_path / "m.yaml", {"fast": entry})
     text = render([row("fast", mp=str(mp))], state)
     promtool_check(text)
@@ -156,12 +159,16 @@ def test_hot_copies_found_recorded_and_missing(tmp_path):
     assert got[key("hotcache_hot_copy_present", "raw", mp / "raw")] == 1
 
 
-def test_odd_hot_copies_entries_are_read_defensively(tmp_path):
-    entry = {"filesystem": {"mountpoint": str(tmp_path)},
-             "hot_copies": [None, "text", {"dest": str(tmp_path / "x")}, {"path": "relative"}]}
-    copies = metrics.hot_copies(entry, mounted=False)
-    assert [c["path"] for c in copies] == [str(tmp_path / "x")]
-    assert metrics.hot_copies({"hot_copies": "nonsense"}, mounted=False) == []
+@pytest.mark.parametrize("odd", [[None, "text", {"dest": "/x"}], "nonsense", {"/x": "text"}])
+def test_odd_hot_copies_entries_are_refused_naming_the_field(tmp_path, odd):
+    """hotcache writes hot_copies as {path: record}; any other shape (edited by hand) is
+    refused when the mapping is read, never half-read (records.CacheEntry)."""
+    state = write_state(tmp_path / "m.yaml", {"fast": {}})
+    data = yaml.safe_load(state.read_text())
+    data["caches"]["fast"]["hot_copies"] = odd
+    state.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(UsageError, match=r"caches\.fast\.hot_copies"):
+        mapping.load(state)
 
 
 def test_write_textfile_replaces_atomically(tmp_path):

@@ -12,6 +12,7 @@ from hotcache.provision.hotcopy.sizing import FITS, SPILLS, TIGHT
 from hotcache.provision.observe.doctor import OK, WARNING, check_working_set
 from hotcache.provision.observe.workingset import churn
 from tests.helpers import hotcache_json, loop_spec, write_spec
+from tests.helpers import entry_record
 from tests.unit.test_metrics import promtool_check, render, row, samples, write_state
 
 GiB = 1 << 30
@@ -21,7 +22,7 @@ def block_row(used, cache_total, **stats):
     r = row("data", stats={"cache_total_bytes": cache_total, "promotions": 10,
                            "demotions": 1, **stats})
     r["used_bytes"] = used
-    r["working_set"] = working_set(r, {})
+    r["working_set"] = working_set(r, entry_record("data"))
     return r
 
 
