@@ -1,0 +1,46 @@
+"""A mapping whose entry lost one required field by hand (the file otherwise whole: its
+`entries:` and `updated:` tail intact) is refused by `status` and `restore` with exit 2,
+naming the file, the cache, the field and the fix; the image, fstab, mounts, loop
+devices and the mapping itself are left exactly as they were (provision/records.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hotcache.provision.errors import ExitCode
+from tests.helpers import (cleanup, hotcache, loop_spec, loops_under, mounts_under,
+                           sha256_file)
+
+pytestmark = pytest.mark.root
+
+
+@pytest.mark.parametrize("field", [("filesystem", "uuid"), ("devices", "origin", "node")])
+def test_a_field_deleted_by_hand_is_refused_by_status_and_restore(sandbox, field):
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    hotcache("apply", spec, "--yes", check=True)
+    cleanup(sandbox)                      # "reboot": unmounted, loop device detached
+    state = Path(os.environ["HOTCACHE_STATE"])
+    fstab = Path(os.environ["HOTCACHE_FSTAB"])
+    data = yaml.safe_load(state.read_text())
+    holder = data["caches"]["hot"]
+    for key in field[:-1]:
+        holder = holder[key]
+    del holder[field[-1]]                 # only that line goes: `entries`, `updated` stay
+    state.write_text(yaml.safe_dump(data, sort_keys=False, default_flow_style=False))
+    assert list(data)[-2:] == ["entries", "updated"]
+    before = (state.read_bytes(), fstab.read_bytes(), sha256_file(sandbox / "hot.img"))
+
+    for command in (["status"], ["restore", "--yes"], ["apply", str(spec), "--yes"]):
+        proc = hotcache(*command)
+        assert proc.returncode == ExitCode.BAD_INPUT, (command, proc.stdout, proc.stderr)
+        said = " ".join(proc.stderr.split())
+        assert str(state) in said and "cache hot" in said, said
+        assert f"caches.hot.{'.'.join(field)}: is missing" in said, said
+        assert "put the field back" in said and "Traceback" not in proc.stderr
+    assert (state.read_bytes(), fstab.read_bytes(), sha256_file(sandbox / "hot.img")) == before
+    assert loops_under(sandbox) == [] and mounts_under(sandbox) == []
