@@ -156,6 +156,9 @@ def test_a_required_field_deleted_by_hand_is_refused_naming_it(tmp_path, field):
 
 @pytest.mark.parametrize("path_, value, said", [
     (("devices", "origin", "size"), "8G", "devices.origin.size: input should be a valid integer"),
+    # a number written as text is refused too, not converted (it would be saved back as
+    # another file)
+    (("devices", "origin", "size"), "8589934592", "devices.origin.size: input should be a valid integer"),
     (("backend_state", "cset_uuid"), 42, "backend_state.cset_uuid: input should be a valid string"),
     (("devices", "cache", "identity"), "SSD1", "devices.cache.identity: input should be"),
     (("filesystem",), None, "filesystem: input should be"),
