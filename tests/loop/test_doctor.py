@@ -117,11 +117,13 @@ def test_planted_problems_are_found_with_their_fixes(host):
     data["caches"]["ghost"] = {
         "backend": "bcache", "state": "ready", "mode": "writethrough",
         "tunables": {"sequential_cutoff": 0},
-        "devices": {"origin": {"path": "/dev/disk/by-id/hotcache-test-no-such-hdd"},
-                    "cache": {"loop_file": str(host.root / "no-such-ssd.img")}},
+        "devices": {"origin": {"node": "/dev/hotcache-test-no-such-hdd", "size": 2**30,
+                               "path": "/dev/disk/by-id/hotcache-test-no-such-hdd"},
+                    "cache": {"node": "/dev/loop-hotcache-test", "size": 2**30,
+                              "loop_file": str(host.root / "no-such-ssd.img")}},
         "cached_device": "/dev/bcache/by-uuid/00000000-0000-0000-0000-000000000000",
         "filesystem": {"mountpoint": str(host.root / "ghost"), "uuid": "x"},
-        "persist": {"fstab": None}, "hot_copies": {}}
+        "persist": {"fstab": None}, "hot_copies": {}, "spec": {"name": "ghost"}}
     host.save_state(data)
     try:
         rc, doc = host.doctor()
