@@ -44,3 +44,37 @@ def test_a_field_deleted_by_hand_is_refused_by_status_and_restore(sandbox, field
         assert "put the field back" in said and "Traceback" not in proc.stderr
     assert (state.read_bytes(), fstab.read_bytes(), sha256_file(sandbox / "hot.img")) == before
     assert loops_under(sandbox) == [] and mounts_under(sandbox) == []
+
+
+def test_the_mapping_a_real_apply_wrote_saves_back_unchanged(sandbox):
+    """Typed records change nothing in the file: what apply and `hotcache copy` wrote
+    loads and saves back line for line (only `updated:` moves on)."""
+    from hotcache.provision import mapping
+    from hotcache.provision.hotcopy.catalog import RECORDED
+    from tests.unit.test_copy import make_dataset
+
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    hotcache("apply", spec, "--yes", check=True)
+    hotcache("copy", make_dataset(sandbox / "src", n=2), sandbox / "mnt" / "hot" / "pets",
+             check=True)
+    state = Path(os.environ["HOTCACHE_STATE"])
+    before = state.read_text()
+    # The keys, their order and their nulls, as hotcache wrote them before the records.
+    entry = yaml.safe_load(before)["caches"]["hot"]
+    assert list(entry) == ["backend", "state", "created", "updated", "mode", "tunables",
+                           "devices", "cached_device", "filesystem", "persist",
+                           "backend_state", "hot_copies", "spec"]
+    assert list(entry["devices"]["origin"]) == ["node", "size", "by_id", "identity", "loop_file"]
+    assert entry["filesystem"] == {**entry["filesystem"], "owner": None, "mode": None}
+    assert list(entry["filesystem"]) == ["type", "uuid", "label", "mountpoint", "options",
+                                         "owner", "mode"]
+    (copy,) = entry["hot_copies"].values()
+    assert list(copy) == list(RECORDED) and copy["verified_at"] is None
+    with mapping.editing(state):
+        pass
+    after = state.read_text()
+
+    def body(text: str) -> list[str]:
+        return [line for line in text.splitlines() if not line.startswith("updated:")]
+    assert body(after) == body(before)
