@@ -12,7 +12,8 @@ import yaml
 
 from hotcache.provision import __version__, mapping
 from hotcache.provision.errors import ExitCode, UsageError
-from hotcache.provision.records import BcacheState, CacheEntry, DmCacheState, LvmCacheState
+from hotcache.provision.records import (BcacheState, CacheEntry, DmCacheState, LvmCacheState,
+                                        ValidationError)
 
 FS = {"type": "xfs", "uuid": "3f1c0d2e-0000-4000-8000-000000000001", "label": "hc-c1",
       "mountpoint": "/srv/hot", "options": ["noatime", "nosuid", "nodev", "nofail"],
@@ -205,3 +206,30 @@ def test_the_old_shape_keeps_its_missing_fields_missing(tmp_path):
           old:
             backend: none
     """) in text
+
+
+def test_backend_facts_are_merged_into_the_typed_state_in_the_order_written(tmp_path):
+    """backends/state.remember, as lvmcache's first build runs it (the VG when it is
+    made, the UUIDs once it is built): one LvmCacheState with both, in that order."""
+    from hotcache.provision.backends import state
+    from hotcache.provision.engine.apply import Env, Planner, execute
+    from hotcache.provision.plan import Plan
+    from hotcache.provision.system.runner import Runner
+
+    path = tmp_path / "mappings.yaml"
+    building = {**SHAPES["lvmcache"], "state": "building", "backend_state": {}}
+    mapping.save(path, {"caches": {"c1": building}})
+    p = Planner(Env(Runner(), path, tmp_path / "fstab"), "c1", Plan())
+    state.remember(p, "vg", lambda ctx: {"vg": "hc_c1", "origin_lv": "data", "adopted": False})
+    state.remember(p, "uuids", lambda ctx: {"pv_uuids": {"cache": "PV-ssd"},
+                                             "vg_uuid": "VG-1", "lv_uuid": "LV-1"})
+    execute(p.plan, Runner())
+    st = mapping.load(path)["caches"]["c1"].backend_state
+    assert isinstance(st, LvmCacheState) and (st.vg, st.lv_uuid) == ("hc_c1", "LV-1")
+    assert list(st.dump()) == ["vg", "origin_lv", "adopted", "pv_uuids", "vg_uuid", "lv_uuid"]
+    before = path.read_bytes()
+    p = Planner(Env(Runner(), path, tmp_path / "fstab"), "c1", Plan())
+    state.remember(p, "a fact of the wrong type", lambda ctx: {"vg_uuid": 7})
+    with pytest.raises(ValidationError):
+        execute(p.plan, Runner())
+    assert path.read_bytes() == before          # never written
