@@ -2,11 +2,12 @@
 test expects each one in the guest's JUnit report (a case that did not run fails)."""
 
 BACKENDS = ("bcache", "dm-cache", "lvmcache")
-BOOT1 = ("test_apply", "test_second_apply_changes_nothing", "test_write_and_read_back",
+BOOT1 = ("test_apply", "test_held_device_is_refused_even_with_wipe",
+         "test_second_apply_changes_nothing", "test_write_and_read_back",
          "test_data_root_names_the_cache", "test_status_shows_hits",
          "test_warm_fills_the_cache", "test_mode_change_in_place",
          "test_teardown_writeback_loses_nothing", "test_prepare_reboot")
-BOOT1_ONCE = ("test_lvmcache_attaches_to_existing_lv",)
+BOOT1_ONCE = ("test_lvmcache_attaches_to_existing_lv", "test_flush_timeout_leaves_the_dirty_cache")
 BOOT2 = ("test_restore_after_reboot", "test_restore_again_changes_nothing")
 # After boot 1's pytest, guest/powercut.py cuts the power during one hot copy and right
 # after another; boot 2 checks what is on disk.

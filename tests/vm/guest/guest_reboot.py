@@ -24,6 +24,13 @@ def test_restore_after_reboot(backend):
     assert res.code == 0, res.out
     st = status(backend)
     assert st["ok"], st["problems"]
+    # The cache came back with what it held: restore reloaded dm-cache's table on the
+    # recorded metadata without zeroing it (zeroed, it would hold nothing, dirty or not).
+    before = json.loads((PERSIST / f"cache-before-reboot-{backend}.json").read_text())
+    used = st["cache"]["cache_used_bytes"]
+    assert used and used >= 0.9 * before["cache_used_bytes"], (before, st["cache"])
+    if backend == "dm-cache":   # its dirty blocks are held (migration_threshold 64)
+        assert st["cache"]["dirty_bytes"] >= before["dirty_bytes"] > 0, (before, st["cache"])
     assert st["mounted"] and st["fs_uuid_matches"]
     assert st["cache"]["mode"] == "writeback"
     sums = json.loads((PERSIST / f"sums-r-{backend}.json").read_text())
