@@ -156,7 +156,7 @@ def assert_bypass_is_counted(backend: str, before: int) -> None:
     cutoff = Path(sb.bdev_dir(Host(), node)) / "sequential_cutoff"
     big = write_files(MOUNTS / backend / "seq", 1, 8 << 20, "s")
     drop_caches()
-    cutoff.write_text("1M\n")            # hotcache set 0; the kernel's default is 4M
+    cutoff.write_text(f"{1 << 20}\n")    # bytes (6.1 takes no suffix here); hotcache set 0
     try:
         sh("dd", f"if={MOUNTS / backend / 'seq' / 's0000.bin'}", "of=/dev/null", "bs=1M",
            "iflag=direct")
