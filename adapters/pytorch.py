@@ -30,6 +30,7 @@ from .dataroot import data_root
 from .decode import check_resample, decode_array, pillow_decode
 from .imagefolder import IMAGE_EXTENSIONS, list_image_folder
 from .order import ENV_ORDER, cold_order, write_order
+from .prefetch import ThreadPrefetch
 from .tiered import list_tiered
 from .timing import BatchTimer
 
@@ -267,8 +268,10 @@ class TimedLoader(BatchTimer):
     DataLoader, `.dataset` the user's dataset. Each epoch sets the DistributedSampler's
     epoch, so shuffling differs between epochs on every rank."""
 
-    def __init__(self, loader: DataLoader, dataset, *, stamped: bool = True, **options):
-        super().__init__(loader, stamped=stamped, **options)
+    def __init__(self, loader: DataLoader, dataset, *, stamped: bool = True,
+                 prefetch: int = 0, **options):
+        super().__init__(ThreadPrefetch(loader, prefetch) if prefetch else loader,
+                         stamped=stamped, **options)
         self.loader = loader
         self.dataset = dataset
 
@@ -279,11 +282,13 @@ class TimedLoader(BatchTimer):
         return super().__iter__()
 
 
-# Batched decoding runs this many threads per worker process by default: threads decode
-# one batch together, so the first batch of an epoch arrives sooner than when each of N
+# Batched decoding runs this many threads per process by default: threads decode one
+# batch together, so the first batch of an epoch arrives sooner than when each of N
 # processes decodes a whole batch alone, and fewer processes cost less pickling and
-# scheduling. (bench/bench_loader.py: on 2 CPUs, 1 worker x 2 threads reached 97.0 % AU
-# where 2 workers x 1 thread reached 95.4 %, in the same run.)
+# scheduling. Up to this many CPUs, the threads run in the training process itself,
+# read ahead by a prefetch thread (adapters/prefetch.py), and no decoded pixels cross a
+# process boundary. (bench/bench_loader.py on 2 CPUs, quiet: AU 94 % and 1,170 samples/s
+# with 1 worker x 2 threads; 98 % and 1,520 samples/s with the threads in-process.)
 THREADS_PER_WORKER = 4
 
 
@@ -296,9 +301,12 @@ def _cpu_share() -> int:
 
 def default_workers(batched: bool = False) -> int:
     """Worker processes: one per CPU of this rank's share, at most 8; for batched
-    decoding, one per THREADS_PER_WORKER CPUs (the threads use the rest)."""
+    decoding, none up to THREADS_PER_WORKER CPUs (threads in the training process),
+    else one per THREADS_PER_WORKER CPUs (the threads use the rest)."""
     share = _cpu_share()
     if batched:
+        if share <= THREADS_PER_WORKER:
+            return 0
         share = -(-share // THREADS_PER_WORKER)
     return max(1, min(8, share))
 
@@ -322,12 +330,14 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
     """A timed DataLoader over `dataset`, or over the image folder at `root`
     (default: `data_root()`, which logs where the data really comes from).
 
-    Defaults: workers from the CPU count (one per CPU, or one per four CPUs when whole
-    batches decode in threads), pin_memory when CUDA is there, persistent
-    workers, prefetch_factor 4, and a DistributedSampler when torch.distributed is
-    initialised (`distributed=True/False` overrides).
+    Defaults: workers from the CPU count (one per CPU; when whole batches decode in
+    threads, none up to four CPUs and one per four CPUs above), pin_memory when CUDA is
+    there, persistent workers, prefetch_factor 4, and a DistributedSampler when
+    torch.distributed is initialised (`distributed=True/False` overrides). When the
+    default is no workers, a thread reads prefetch_factor (default 4) batches ahead; an
+    explicit num_workers=0 loads each batch when the loop asks, as DataLoader does.
 
-    Images: with `image_size` and no `transform`, each worker decodes whole batches in
+    Images: with `image_size` and no `transform`, each process decodes whole batches in
     `decode_threads` threads (default: the CPUs left over per worker, at least 1)
     straight into one uint8 N×3×H×W tensor, resized with `resample` ("bilinear" by
     default, the same filter as tf.data's `tf.image.resize`; see adapters/decode.py).
@@ -340,6 +350,7 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
     if built:
         dataset = ImageFolderDataset(root, transform=transform, decode=decode, image_size=image_size,
                                      resample=resample)
+    read_ahead = num_workers is None    # an explicit num_workers=0 stays synchronous
     if num_workers is None:
         # Fewer processes only where this call also sets the threads that make up for them.
         num_workers = default_workers(batched=built and dataset.batches)
@@ -351,7 +362,11 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
         pin_memory = torch.cuda.is_available()
     if persistent_workers is None:
         persistent_workers = num_workers > 0
-    if prefetch_factor is None and num_workers > 0:
+    # Without worker processes a thread reads ahead, as deep as workers would.
+    ahead = prefetch_factor or 4
+    if num_workers == 0:
+        prefetch_factor = None
+    elif prefetch_factor is None:
         prefetch_factor = 4
     if distributed is None:
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -379,4 +394,5 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
                         collate_fn=_StampedCollate(collate_fn) if stamped else collate_fn,
                         generator=generator, **loader_options)
     return TimedLoader(loader, dataset, stamped=stamped, name=name, log_every=log_every,
-                       log_path=log_path, clock=clock)
+                       log_path=log_path, clock=clock,
+                       prefetch=ahead if read_ahead and num_workers == 0 else 0)

@@ -3,6 +3,8 @@ JPEGs decoded by Pillow."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -204,3 +206,73 @@ def test_iterable_dataset_is_timed_without_per_sample_stamps():
     assert [b.tolist() for b in loader] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     s = loader.summary()
     assert s.batches == 3 and s.worker_load_s is None
+
+
+def two_cpus(monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+
+
+def test_batched_decoding_runs_in_threads_of_this_process_on_small_hosts(monkeypatch, jpegs):
+    """Up to four CPUs, whole batches decode in threads of the training process (no
+    worker process), read ahead by a thread; above, one worker per four CPUs."""
+    root, _ = jpegs
+    two_cpus(monkeypatch)
+    loader = make_loader(root, image_size=(32, 32), log_every=0)
+    assert (loader.num_workers, loader.dataset.threads) == (0, 2)
+    assert type(loader.iterable).__name__ == "ThreadPrefetch" and loader.iterable.depth == 4
+    assert loader.prefetch_factor is None and loader.persistent_workers is False
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(6)))
+    loader = make_loader(root, image_size=(32, 32), log_every=0)
+    assert (loader.num_workers, loader.dataset.threads) == (2, 3)
+    assert loader.iterable is loader.loader                      # workers prefetch
+    two_cpus(monkeypatch)                                       # explicit 0: synchronous
+    loader = make_loader(root, image_size=(32, 32), num_workers=0, log_every=0)
+    assert loader.iterable is loader.loader
+
+
+def counting_fetches(monkeypatch, fail_at: int | None = None) -> list[int]:
+    """Count (and optionally fail) ImageFolderDataset's batch fetches."""
+    calls: list[int] = []
+    real = ImageFolderDataset.__getitems__
+
+    def fetch(self, indices):
+        calls.append(len(indices))
+        if fail_at is not None and len(calls) == fail_at:
+            raise OSError("disk gone")
+        return real(self, indices)
+    monkeypatch.setattr(ImageFolderDataset, "__getitems__", fetch)
+    return calls
+
+
+def test_the_read_ahead_thread_fetches_batches_the_loop_has_not_asked_for(monkeypatch, jpegs):
+    """While the loop holds one batch, the thread fetches up to prefetch_factor more
+    (and no further); leaving an epoch early stops it, and the next epoch is whole."""
+    root, made = jpegs
+    two_cpus(monkeypatch)
+    calls = counting_fetches(monkeypatch)
+    loader = make_loader(root, image_size=(32, 32), batch_size=1, prefetch_factor=3,
+                         log_every=0)
+    it = iter(loader)
+    next(it)
+    for _ in range(2000):                       # the thread fills its queue, then waits
+        if len(calls) >= 1 + 3 + 1:
+            break
+        threading.Event().wait(0.005)
+    assert len(calls) == 1 + 3 + 1              # taken, queued, held by a blocked put
+    it.close()                                  # leave the epoch early: the thread ends
+    assert not [t for t in threading.enumerate() if t.name == "hotcache-prefetch"]
+    labels = [int(y) for _, y in ((x, y) for b in loader for x, y in zip(*b))]
+    assert sorted(labels) == sorted(label for _, label in made)
+
+
+def test_an_error_in_the_read_ahead_thread_is_raised_in_the_loop(monkeypatch, jpegs):
+    root, _ = jpegs
+    two_cpus(monkeypatch)
+    counting_fetches(monkeypatch, fail_at=2)
+    loader = make_loader(root, image_size=(32, 32), batch_size=2, log_every=0)
+    seen = 0
+    with pytest.raises(OSError, match="disk gone"):
+        for _ in loader:
+            seen += 1
+    assert seen == 1
