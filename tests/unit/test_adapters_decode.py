@@ -112,12 +112,14 @@ def test_decode_threads_default_uses_the_cpus_left_per_worker(monkeypatch):
     assert pt.default_decode_threads(pt.default_workers()) == 1
 
 
-@pytest.mark.parametrize("cpus, workers, threads", [(2, 1, 2), (8, 2, 4), (32, 8, 4), (64, 8, 8)])
+@pytest.mark.parametrize("cpus, workers, threads",
+                         [(2, 0, 2), (4, 0, 4), (5, 2, 3), (8, 2, 4), (32, 8, 4), (64, 8, 8)])
 def test_batched_decoding_takes_fewer_processes_and_more_threads(tmp_path, monkeypatch,
                                                                  cpus, workers, threads):
-    """Whole batches decode in threads, so the default spends the CPUs on threads (one
-    process per four CPUs) and the first batch of an epoch comes from every CPU; a
-    transform (Python per sample) keeps one process per CPU."""
+    """Whole batches decode in threads, so the default spends the CPUs on threads (up to
+    four CPUs in the training process itself, above that one process per four CPUs) and
+    the first batch of an epoch comes from every CPU; a transform (Python per sample)
+    keeps one process per CPU."""
     root = tmp_path / "toy"
     make_jpegs(root, per_class=1)
     monkeypatch.setattr(pt.os, "sched_getaffinity", lambda pid: set(range(cpus)))
