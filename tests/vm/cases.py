@@ -21,3 +21,17 @@ POWERCUT_PARTITIONS = (5, 6)
 SSD_MIB, HDD_MIB = 320, 2688
 # the last partition of each disk takes the rest
 SSD_PARTS_MIB, HDD_PARTS_MIB = (80, 80, 80), (480, 480, 480, 543, 330)
+# Storage safety (issue 11): its own pair of boots on fresh images, four disks given in
+# another order the second time (ssd, hdd, ssd2, by -> by, hdd, ssd, ssd2), so kernel names
+# move: the SSD's old names (vda1, vda2) now name the bystander's ext4 partitions, ssd2's
+# old names (vdc1, vdc2) name the SSD's partitions (bcache's SSD, the first dm-cache's SSD).
+SAFETY_BOOT1 = ("test_bystander_holds_ext4_data", "test_build_on_kernel_names", "test_shutdown",
+                "test_origin_failing_during_teardown_keeps_everything[bcache-3]",
+                "test_origin_failing_during_teardown_keeps_everything[dm-cache-4]")
+SAFETY_BOOT2 = ("test_disks_changed_order", "test_teardown_of_a_cache_not_loaded_is_refused",
+                "test_restore_finds_each_cache_by_identity",
+                "test_teardown_after_restore_puts_every_file_on_the_origin",
+                "test_lvmcache_records_its_pv_vg_and_lv_uuids")
+SAFETY_ORDERS = (("ssd", "hdd", "ssd2", "by"), ("by", "hdd", "ssd", "ssd2"))
+BYSTANDER_MIB = 192
+SSD2_MIB, SSD2_PARTS_MIB = 420, (320, 80)      # part 1: an origin (XFS needs 300 MiB), 2: its cache

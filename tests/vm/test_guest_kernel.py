@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from bench import vmboot
-from cases import BACKENDS, BOOT1, BOOT1_ONCE, BOOT2, BOOT2_ONCE, HDD_MIB, SSD_MIB
+from cases import (BACKENDS, BOOT1, BOOT1_ONCE, BOOT2, BOOT2_ONCE, BYSTANDER_MIB, HDD_MIB,
+                   SAFETY_BOOT1, SAFETY_BOOT2, SAFETY_ORDERS, SSD2_MIB, SSD_MIB)
 
 pytestmark = pytest.mark.vm
 REPO, VENV = vmboot.REPO, vmboot.VENV
@@ -37,9 +38,12 @@ def kernel() -> str:
     return found
 
 
-def boot(workdir: Path, guest_module: str, report: str, then: str = "") -> tuple[int, str]:
+def boot(workdir: Path, guest_module: str, report: str, then: str = "",
+         disks: tuple[str, ...] | None = None) -> tuple[int, str]:
     """One guest boot running pytest on `guest_module`, then the guest script `then`
-    (its output in OUT/<script>.log); returns (status, console log)."""
+    (its output in OUT/<script>.log); returns (status, console log). `disks`: image
+    names in workdir, in the order they become vda, vdb... (serial = name); default the
+    ssd and hdd pair."""
     out = workdir / "out"
     persist = out / "persist"
     persist.mkdir(parents=True, exist_ok=True)
@@ -55,7 +59,10 @@ def boot(workdir: Path, guest_module: str, report: str, then: str = "") -> tuple
         command += (f"; HOTCACHE_VM_PERSIST={persist} PYTHONDONTWRITEBYTECODE=1 {python} "
                     f"tests/vm/guest/{then} > {out / (Path(then).stem + '.log')} 2>&1")
     kernel()
-    proc = vmboot.boot(command, out, vmboot.drives(workdir), BOOT_TIMEOUT)
+    drives = vmboot.drives(workdir) if disks is None else " ".join(
+        f"-drive if=none,id={d},file={workdir / (d + '.img')},format=raw,cache=unsafe "
+        f"-device virtio-blk-pci,drive={d},serial={d}" for d in disks)
+    proc = vmboot.boot(command, out, drives, BOOT_TIMEOUT)
     (workdir / f"{report}.console").write_text(proc.stdout)
     return proc.returncode, proc.stdout
 
@@ -88,11 +95,30 @@ def guest(tmp_path_factory):
     for name, mib in (("ssd", SSD_MIB), ("hdd", HDD_MIB)):
         with open(work / f"{name}.img", "wb") as f:
             f.truncate(mib * 2**20)
+    return run_boots(work, [("guest_backends.py", "boot1.xml", "powercut.py", None),
+                            ("guest_reboot.py", "boot2.xml", "", None)])
+
+
+@pytest.fixture(scope="session")
+def safety_guest(tmp_path_factory):
+    """Issue 11's boots: four disks (ssd, hdd, ssd2, a bystander), in another order the
+    second time so that kernel names move."""
+    if not shutil.which("qemu-system-x86_64"):
+        pytest.fail("qemu-system-x86_64 is missing: run .ci/install")
+    work = tmp_path_factory.mktemp("safety-guest")
+    for name, mib in (("ssd", SSD_MIB), ("hdd", HDD_MIB), ("by", BYSTANDER_MIB),
+                      ("ssd2", SSD2_MIB)):
+        with open(work / f"{name}.img", "wb") as f:
+            f.truncate(mib * 2**20)
+    return run_boots(work, [("guest_safety.py", "safety1.xml", "", SAFETY_ORDERS[0]),
+                            ("guest_safety_reboot.py", "safety2.xml", "", SAFETY_ORDERS[1])])
+
+
+def run_boots(work: Path, boots) -> dict:
     found: dict[str, str | None] = {}
     problems = []
-    for module, report, then in (("guest_backends.py", "boot1.xml", "powercut.py"),
-                                 ("guest_reboot.py", "boot2.xml", "")):
-        rc, console = boot(work, module, report, then)
+    for module, report, then, disks in boots:
+        rc, console = boot(work, module, report, then, disks)
         xml = work / "out" / report
         if not xml.exists():
             log = work / "out" / (report + ".log")
@@ -123,8 +149,21 @@ def test_guest_report_is_exactly_the_listed_cases(guest):
         assert reported == set(IDS), f"listed but not reported: {sorted(set(IDS) - reported)}"
 
 
+SAFETY_IDS = [f"guest_safety.py::{case}" for case in SAFETY_BOOT1] + \
+             [f"guest_safety_reboot.py::{case}" for case in SAFETY_BOOT2]
+
+
 @pytest.mark.parametrize("case", IDS)
 def test_in_guest_kernel(guest, case):
+    expect(guest, case)
+
+
+@pytest.mark.parametrize("case", SAFETY_IDS)
+def test_storage_safety_in_guest_kernel(safety_guest, case):
+    expect(safety_guest, case)
+
+
+def expect(guest: dict, case: str) -> None:
     if case not in guest["results"]:
         why = "\n".join(guest["problems"]) or "it did not run (an earlier guest case stopped the run)"
         pytest.fail(f"{case}: no result from the guest: {why}\n(logs in {guest['workdir']})")

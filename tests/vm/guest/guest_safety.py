@@ -1,0 +1,178 @@
+"""Storage safety, boot 1 of 2 (issue 11): a bcache and two dm-cache caches, all writeback,
+built from a spec that names the disks by kernel name (/dev/vda1...), each holding files;
+the dm-caches keep dirty blocks (migration_threshold below one block). A fourth disk, the
+bystander, holds ext4 with data. Boot 2 (guest_safety_reboot.py) comes up with the disks
+in another order (cases.SAFETY_ORDERS): the SSD's kernel names now point at the
+bystander, and the second dm-cache's names (on ssd2) at the first one's SSD and at
+bcache's SSD."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+from vmlib import (MOUNTS, PERSIST, checksums, drop_caches, hotcache, poll, sh, status,
+                   write_files)
+
+from cases import SSD2_PARTS_MIB
+
+from tests.helpers import sha256_file as device_sum
+
+BYSTANDER, SSD2 = "/dev/disk/by-id/virtio-by", "/dev/disk/by-id/virtio-ssd2"
+# Boot 1 order: ssd, hdd, ssd2, by -> vda, vdb, vdc, vdd. Pairs 1 and 2 of guest/conftest's
+# layout, and ssd2's two partitions. name -> (backend, origin, cache, tunables, origin by-id)
+HOLD = {"migration_threshold": 64}     # below one block: dm-cache keeps its dirty blocks
+CACHES = {"sbcache": ("bcache", "/dev/vdb1", "/dev/vda1", {}, "virtio-hdd-part1"),
+          "sdmcache": ("dm-cache", "/dev/vdb2", "/dev/vda2", HOLD, "virtio-hdd-part2"),
+          "sdmcache2": ("dm-cache", "/dev/vdc1", "/dev/vdc2", HOLD, "virtio-ssd2-part1")}
+CACHE_BY_ID = {"sbcache": "virtio-ssd-part1", "sdmcache": "virtio-ssd-part2",
+               "sdmcache2": "virtio-ssd2-part2"}
+
+
+def test_bystander_holds_ext4_data():
+    layout = "label: gpt\n" + "".join(f",{m}M\n" for m in SSD2_PARTS_MIB)
+    sh("sfdisk", "--quiet", SSD2, input=layout)
+    sh("sfdisk", "--quiet", BYSTANDER, input="label: gpt\n,80M\n,80M\n")
+    sh("udevadm", "settle")
+    poll("bystander partitions", lambda: os.path.exists(f"{BYSTANDER}-part2"))
+    sums = {}
+    for n in (1, 2):
+        part = f"{BYSTANDER}-part{n}"
+        sh("mkfs.ext4", "-q", "-F", part)
+        mp = MOUNTS / f"by{n}"
+        mp.mkdir(parents=True, exist_ok=True)
+        sh("mount", part, mp)
+        write_files(mp, 5, 256 * 1024, "p")
+        sh("umount", mp)
+        sums[n] = device_sum(part)
+    (PERSIST / "bystander.json").write_text(json.dumps(sums))
+
+
+def test_build_on_kernel_names():
+    assert os.path.realpath("/dev/disk/by-id/virtio-ssd") == "/dev/vda", "boot 1 disk order"
+    assert os.path.realpath(SSD2) == "/dev/vdc", "boot 1 disk order"
+    poll("ssd2 partitions", lambda: os.path.exists(f"{SSD2}-part2"))
+    caches = [{"name": name, "backend": backend, "mode": "writeback", "tunables": tunables,
+               "origin": {"path": origin, "wipe": True}, "cache": {"path": cache, "wipe": True},
+               "filesystem": {"mountpoint": str(MOUNTS / name)}}
+              for name, (backend, origin, cache, tunables, _) in CACHES.items()]
+    spec = PERSIST / "spec-safety.yaml"
+    spec.write_text(yaml.safe_dump({"version": 1, "caches": caches}))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    entry = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"]["sdmcache"]
+    assert entry["devices"]["cache"]["identity"]["serial"] == "ssd"
+    for name in CACHES:
+        folder = MOUNTS / name / "data"
+        write_files(folder, 30, 128 * 1024, "s")
+        for _ in range(4):      # smq promotes blocks read again and again
+            drop_caches()
+            checksums(folder, "s")
+        for i in range(30):     # overwritten in place: writeback hits stay dirty on the SSD
+            with open(folder / f"s{i:04d}.bin", "r+b") as f:
+                f.write(os.urandom(128 * 1024))
+        sh("sync")
+        (PERSIST / f"sums-{name}.json").write_text(json.dumps(checksums(folder, "s")))
+    for name in ("sdmcache", "sdmcache2"):
+        assert poll(f"dirty blocks held in {name}",
+                    lambda: status(name)["cache"]["dirty_bytes"], timeout=20) > 0
+
+
+def test_shutdown():
+    """What shutdown does: unmount; the caches stay as they are (dm tables just vanish)."""
+    for name in CACHES:
+        sh("umount", MOUNTS / name)
+    for name in ("sdmcache", "sdmcache2"):
+        assert status(name)["cache"]["dirty_bytes"] > 0   # still dirty at power-off
+    sh("sync")
+
+
+def fail(dm: str, table: str) -> None:
+    """Swap the table of dm device `dm` in place (lvm2's own tests inject faults so)."""
+    sh("dmsetup", "suspend", "--noflush", dm)
+    sh("dmsetup", "load", dm, "--table", table)
+    sh("dmsetup", "resume", dm)
+
+
+@pytest.mark.parametrize("backend, n", [("bcache", 3), ("dm-cache", 4)])
+def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch):
+    """Guest tier (c): a writeback cache on a dm-linear origin that starts returning I/O
+    errors as teardown's flush begins: teardown fails and keeps the entry, the unit and
+    the cache; once the origin is back, a second teardown puts every file on it."""
+    from hotcache.provision.backends import bcache, dmcache
+    from hotcache.provision.backends import bcache_sysfs as sb
+    from hotcache.provision.block.host import Host
+
+    host = Host()
+
+    monkeypatch.setenv("HOTCACHE_FLUSH_TIMEOUT", "90")
+    hdd = f"/dev/disk/by-id/virtio-hdd-part{n}"
+    sectors = int(sh("blockdev", "--getsz", hdd).stdout)
+    dm, name = f"flaky{n}", f"f{n}"
+    linear = f"0 {sectors} linear {os.path.realpath(hdd)} 0"
+    sh("dmsetup", "create", dm, "--table", linear)
+    spec = PERSIST / f"spec-{name}.yaml"
+    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
+        "name": name, "backend": backend, "mode": "writeback",
+        "tunables": {"migration_threshold": 64} if backend == "dm-cache" else {},
+        "origin": f"/dev/mapper/{dm}", "cache": f"/dev/disk/by-id/virtio-ssd-part{n}",
+        "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    folder = MOUNTS / name / "data"
+    write_files(folder, 20, 128 * 1024, "f")
+    if backend == "bcache":     # hold the dirty data on the SSD until the teardown
+        host.write(f"{sb.bdev_dir(host, f'/dev/mapper/{dm}')}/writeback_running", "0")
+    else:
+        for _ in range(4):
+            drop_caches()
+            checksums(folder, "f")
+    for i in range(20):
+        with open(folder / f"f{i:04d}.bin", "r+b") as f:
+            f.write(os.urandom(128 * 1024))
+    sh("sync")
+    want = checksums(folder, "f")
+    assert poll("dirty data", lambda: status(name)["cache"]["dirty_bytes"], timeout=20) > 0
+
+    flushing = bcache.detach if backend == "bcache" else dmcache.ensure_writeback
+
+    def origin_fails_then_flush(*args, **kw):
+        fail(dm, f"0 {sectors} error")
+        return flushing(*args, **kw)
+    target = bcache if backend == "bcache" else dmcache
+    monkeypatch.setattr(target, flushing.__name__, origin_fails_then_flush)
+    res = hotcache("teardown", name, "--yes")
+    assert res.code in (1, 8), res.out                  # the flush did not complete
+    monkeypatch.undo()
+    monkeypatch.setenv("HOTCACHE_FLUSH_TIMEOUT", "300")
+    mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"]
+    assert name in mapping, "the entry must be kept"
+    assert (PERSIST / "units" / f"hotcache-restore-{name}.service").exists()
+    if backend == "bcache":
+        assert host.is_dir(sb.set_dir(mapping[name]["backend_state"]["cset_uuid"])), "set kept"
+
+    fail(dm, linear)                                    # the origin is back
+    res = hotcache("teardown", name, "--yes")
+    if res.code == 3:       # bcache stopped the device on the errors: restore, as told
+        assert "hotcache restore" in res.out, res.out
+        assert hotcache("restore", name, "--yes").code == 0
+        res = hotcache("teardown", name, "--yes")
+    assert res.code == 0, res.out
+    mp = MOUNTS / f"bare-{name}"
+    mp.mkdir(exist_ok=True)
+    device, loop = f"/dev/mapper/{dm}", None
+    if backend == "bcache":     # the filesystem starts after the bcache superblock
+        show = sh("bcache-super-show", device).stdout
+        first = int(next(line.split()[1] for line in show.splitlines()
+                         if line.startswith("dev.data.first_sector")))
+        loop = device = sh("losetup", "--find", "--show", "--read-only", "--offset",
+                           first * 512, f"/dev/mapper/{dm}").stdout.strip()
+    sh("mount", "-o", "ro", device, mp)
+    try:
+        assert checksums(mp / "data", "f") == want
+    finally:
+        sh("umount", mp)
+        if loop:
+            sh("losetup", "--detach", loop)
