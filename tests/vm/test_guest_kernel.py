@@ -136,21 +136,23 @@ IDS = [f"guest_backends.py::{case}[{b}]" for b in BACKENDS for case in BOOT1] + 
       [f"guest_reboot.py::{case}" for case in BOOT2_ONCE]
 
 
-def test_guest_report_is_exactly_the_listed_cases(guest):
+SAFETY_IDS = [f"guest_safety.py::{case}" for case in SAFETY_BOOT1] + \
+             [f"guest_safety_reboot.py::{case}" for case in SAFETY_BOOT2]
+
+
+@pytest.mark.parametrize("boots, listed", [("guest", IDS), ("safety_guest", SAFETY_IDS)])
+def test_guest_report_is_exactly_the_listed_cases(request, boots, listed):
     """The guest's reports and cases.py name the same cases: a guest test that is not
     listed (and so would fail unseen) or a listed one that never reports fails here.
     With HOTCACHE_VM_K (a development boot) the guest runs a subset of the list."""
+    guest = request.getfixturevalue(boots)
     if guest["problems"]:
         pytest.fail("\n".join(guest["problems"]))
     reported = set(guest["results"])
-    unlisted = sorted(reported - set(IDS))
+    unlisted = sorted(reported - set(listed))
     assert not unlisted, f"guest cases missing from tests/vm/cases.py: {unlisted}"
     if not os.environ.get("HOTCACHE_VM_K"):
-        assert reported == set(IDS), f"listed but not reported: {sorted(set(IDS) - reported)}"
-
-
-SAFETY_IDS = [f"guest_safety.py::{case}" for case in SAFETY_BOOT1] + \
-             [f"guest_safety_reboot.py::{case}" for case in SAFETY_BOOT2]
+        assert reported == set(listed), f"listed but not reported: {sorted(set(listed) - reported)}"
 
 
 @pytest.mark.parametrize("case", IDS)
