@@ -80,13 +80,30 @@ def claim(owner: str, what: str, *paths: str) -> Claim:
     return Claim(owner, what, frozenset(own), frozenset(above))
 
 
-def spec_claims(spec) -> list[Claim]:
+def spec_claims(spec, state: dict | None = None) -> list[Claim]:
+    """The devices the spec names. For a cache the mapping already records, a device is
+    the one its identity finds (the planner builds on that one, and refuses a name that
+    now means another device): the spec's kernel name may since belong to another
+    cache's disk (disks enumerated in another order), and must not count as a claim on it."""
+    recorded = (state or {}).get("caches", {})
     out = []
     for cache in spec.caches:
+        entry = recorded.get(cache.name)
         for role, ref in cache.devices().items():
             path = ref.path or ref.loop.file
-            out.append(claim(cache.name, f"{cache.name}.{role} ({ref.label})", path))
+            info = entry.devices.get(role) if entry is not None else None
+            found = _identity_paths(info) if info is not None else []
+            out.append(claim(cache.name, f"{cache.name}.{role} ({ref.label})", *(found or [path])))
     return out
+
+
+def _identity_paths(info) -> list[str]:
+    """Where a recorded device is now, by what it is: its loop image, or the by-id links
+    that still exist; [] when neither is there (the caller then fails closed on the
+    spec's name)."""
+    if info.loop_file:
+        return [info.loop_file]
+    return [p for p in info.by_id or [] if os.path.exists(p)]
 
 
 def recorded_claims(state: dict) -> list[Claim]:
@@ -96,13 +113,7 @@ def recorded_claims(state: dict) -> list[Claim]:
     out = []
     for name, entry in state.get("caches", {}).items():
         for role, info in entry.devices.items():
-            if info.loop_file:
-                # The image is the identity; its loop node is whichever was free.
-                paths = [info.loop_file]
-            else:
-                paths = [p for p in info.by_id or [] if os.path.exists(p)]
-                if not paths and info.node:
-                    paths = [info.node]
+            paths = _identity_paths(info) or ([info.node] if info.node else [])
             shown = info.path or info.loop_file or info.node
             out.append(claim(name, f"the {role} device {shown} that the mapping records for "
                                    f"cache {name}", *paths))
@@ -111,7 +122,7 @@ def recorded_claims(state: dict) -> list[Claim]:
 
 def conflicts(spec, state: dict) -> list[str]:
     """Why devices of the spec are refused: named twice, or owned by another cache."""
-    mine = spec_claims(spec)
+    mine = spec_claims(spec, state)
     problems = []
     for i, a in enumerate(mine):
         for b in mine[i + 1:]:

@@ -64,3 +64,42 @@ def test_a_recorded_loop_node_that_now_serves_another_image_is_no_claim(tmp_path
     assert owners.conflicts(new, state) == []
     state["caches"]["a"].devices["origin"].loop_file = str(mine)
     assert len(owners.conflicts(new, state)) == 1
+
+
+def test_a_recorded_cache_whose_kernel_names_moved_claims_its_devices_by_identity(tmp_path):
+    """The guest-kernel case (issue 11 a): disks came up in another order, so the kernel
+    names the recorded spec of `c2` gives (its restore re-applies that spec) now name the
+    SSD partitions of caches `a` and `b`. c2's devices are where its by-id links lead;
+    restoring c2 claims those, not the devices that took its old names. With its links
+    gone, the old names count again (fail closed) and the restore is refused."""
+    files = {n: tmp_path / f"{n}.dev" for n in ("a-ssd", "b-ssd", "c2-origin", "c2-ssd")}
+    for path in files.values():
+        path.write_bytes(path.name.encode())
+    links = {n: tmp_path / f"by-id-{n}" for n in files}
+    for n, link in links.items():
+        link.symlink_to(files[n])
+    state = {"caches": {
+        "a": entry_record("a", devices={"cache": {"node": "/dev/vda1", "size": 1,
+                                                  "by_id": [str(links["a-ssd"])]}}),
+        "b": entry_record("b", devices={"cache": {"node": "/dev/vda2", "size": 1,
+                                                  "by_id": [str(links["b-ssd"])]}}),
+        "c2": entry_record("c2", devices={
+            "origin": {"node": "/dev/vdc1", "size": 1, "by_id": [str(links["c2-origin"])]},
+            "cache": {"node": "/dev/vdc2", "size": 1, "by_id": [str(links["c2-ssd"])]}})}}
+    # The recorded spec names c2's devices by their old names, which now lead to a's and
+    # b's SSDs (image files stand in for the partitions).
+    restore = HostSpec.model_validate({"caches": [{
+        "name": "c2", "backend": "dm-cache",
+        "origin": {"loop": {"file": str(files["a-ssd"]), "size": "1G"}},
+        "cache": {"loop": {"file": str(files["b-ssd"]), "size": "1G"}},
+        "filesystem": {"mountpoint": "/mnt/c2"}}]})
+    assert owners.conflicts(restore, state) == []
+    for name in ("c2-origin", "c2-ssd"):
+        os.unlink(links[name])
+    problems = owners.conflicts(restore, state)
+    assert len(problems) == 2 and "records for cache a" in problems[0], problems
+    # A new cache naming a's SSD by any name is still refused.
+    new = HostSpec.model_validate({"caches": [{
+        "name": "d", "backend": "none", "origin": {"loop": {"file": str(files["a-ssd"]), "size": "1G"}},
+        "filesystem": {"mountpoint": "/mnt/d"}}]})
+    assert any("records for cache a" in p for p in owners.conflicts(new, state))
