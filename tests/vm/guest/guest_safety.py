@@ -123,7 +123,11 @@ def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch
     sectors = int(sh("blockdev", "--getsz", hdd).stdout)
     dm, name = f"flaky{n}", f"f{n}"
     linear = f"0 {sectors} linear {os.path.realpath(hdd)} 0"
-    sh("dmsetup", "create", dm, "--table", linear)
+    # A dm UUID gives the origin an identity (udev's by-id/dm-uuid-* link): hotcache
+    # proves a device by what it is, and a dm-cache origin carries no signature of its
+    # own while its filesystem's first blocks are dirty in the cache.
+    sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table", linear)
+    sh("udevadm", "settle")
     spec = PERSIST / f"spec-{name}.yaml"
     spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
         "name": name, "backend": backend, "mode": "writeback",
