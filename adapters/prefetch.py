@@ -13,10 +13,12 @@ from __future__ import annotations
 import queue
 import threading
 
+from .standin import StandsIn
+
 _END = object()
 
 
-class ThreadPrefetch:
+class ThreadPrefetch(StandsIn):
     """Iterate `iterable` (a DataLoader) `depth` items ahead in a daemon thread; each
     `iter()` is one epoch. An error in the thread is raised in the loop, with its type;
     leaving the loop early stops the thread."""
@@ -26,15 +28,6 @@ class ThreadPrefetch:
             raise ValueError(f"prefetch depth {depth}: read at least one batch ahead")
         self.iterable = iterable
         self.depth = depth
-
-    def __len__(self) -> int:
-        return len(self.iterable)
-
-    def __getattr__(self, attr):
-        # Stands in for the DataLoader: .dataset, .sampler, .num_workers ...
-        if attr == "iterable":
-            raise AttributeError(attr)
-        return getattr(self.iterable, attr)
 
     def __iter__(self):
         ahead: queue.Queue = queue.Queue(self.depth)

@@ -25,6 +25,8 @@ import os
 from dataclasses import asdict, dataclass
 from time import perf_counter, time
 
+from .standin import StandsIn
+
 log = logging.getLogger("hotcache.adapters")
 
 ENV_LOG = "HOTCACHE_TIMING_LOG"
@@ -142,7 +144,7 @@ def summarize(name: str, epoch: int, first: float | None, waits: list[float], wa
                    **(tier_figures(tiers, waits) if tiers else {}))
 
 
-class BatchTimer:
+class BatchTimer(StandsIn):
     """Wrap an iterable; each `iter()` over it is one epoch, timed batch by batch.
 
     log_every: log (and write a JSON line) every N batches; 0 logs only at the end.
@@ -173,15 +175,6 @@ class BatchTimer:
         self.worker_loads: list[float] = []
         self._t_first = self._t_last = self._t_window = 0.0
         self._ended = False    # the last step (after the last batch) is inside the wall time
-
-    def __len__(self) -> int:
-        return len(self.iterable)
-
-    def __getattr__(self, attr):
-        # Let the wrapper stand in for a DataLoader: .dataset, .sampler, .batch_size ...
-        if attr == "iterable":
-            raise AttributeError(attr)
-        return getattr(self.iterable, attr)
 
     def __iter__(self):
         self.epoch += 1

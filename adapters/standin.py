@@ -1,0 +1,17 @@
+"""A wrapper that stands in for what it wraps (a DataLoader, a tf.data pipeline): len()
+and every attribute it does not define itself (.dataset, .sampler, .batch_size ...)
+come from the wrapped iterable."""
+
+from __future__ import annotations
+
+
+class StandsIn:
+    iterable: object
+
+    def __len__(self) -> int:
+        return len(self.iterable)
+
+    def __getattr__(self, attr):
+        if attr == "iterable":      # not set yet (copy, pickle): no endless recursion
+            raise AttributeError(attr)
+        return getattr(self.iterable, attr)
