@@ -317,6 +317,13 @@ def default_decode_threads(num_workers: int) -> int:
     return max(1, -(-_cpu_share() // max(num_workers, 1)))
 
 
+def _needs_workers(persistent_workers, options: dict) -> bool:
+    """Options DataLoader accepts only with worker processes: asked for, they get one
+    worker (with the decode threads) instead of the in-process threads."""
+    return bool(persistent_workers or options.get("timeout") or options.get("worker_init_fn")
+                or options.get("multiprocessing_context"))
+
+
 def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_size: int = 32,
                 shuffle: bool = True, num_workers: int | None = None,
                 pin_memory: bool | None = None, persistent_workers: bool | None = None,
@@ -335,7 +342,9 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
     there, persistent workers, prefetch_factor 4, and a DistributedSampler when
     torch.distributed is initialised (`distributed=True/False` overrides). When the
     default is no workers, a thread reads prefetch_factor (default 4) batches ahead; an
-    explicit num_workers=0 loads each batch when the loop asks, as DataLoader does.
+    explicit num_workers=0 loads each batch when the loop asks, as DataLoader does; and
+    options only workers take (persistent_workers, timeout, worker_init_fn,
+    multiprocessing_context) get one worker instead.
 
     Images: with `image_size` and no `transform`, each process decodes whole batches in
     `decode_threads` threads (default: the CPUs left over per worker, at least 1)
@@ -354,6 +363,8 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
     if num_workers is None:
         # Fewer processes only where this call also sets the threads that make up for them.
         num_workers = default_workers(batched=built and dataset.batches)
+        if num_workers == 0 and _needs_workers(persistent_workers, loader_options):
+            num_workers = 1
     if decode_threads is None:
         decode_threads = default_decode_threads(num_workers)
     if built:

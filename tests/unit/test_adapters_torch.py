@@ -3,6 +3,7 @@ JPEGs decoded by Pillow."""
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import pytest
@@ -276,3 +277,23 @@ def test_an_error_in_the_read_ahead_thread_is_raised_in_the_loop(monkeypatch, jp
         for _ in loader:
             seen += 1
     assert seen == 1
+
+
+def mark_worker(folder, worker_id):
+    (folder / f"worker-{worker_id}").touch()
+
+
+def test_options_that_need_a_worker_process_get_one_on_small_hosts(monkeypatch, jpegs,
+                                                                    tmp_path):
+    """Where the default is no worker process, asking for what only workers do
+    (persistent workers, a timeout, worker_init_fn) gets one worker with the threads,
+    not an error from DataLoader or an init function never called."""
+    root, made = jpegs
+    two_cpus(monkeypatch)
+    for options in ({"persistent_workers": True}, {"timeout": 30},
+                    {"worker_init_fn": functools.partial(mark_worker, tmp_path)}):
+        loader = make_loader(root, image_size=(32, 32), log_every=0, **options)
+        assert (loader.num_workers, loader.dataset.threads) == (1, 2), options
+        assert loader.iterable is loader.loader
+        assert sum(len(b[1]) for b in loader) == len(made)
+    assert (tmp_path / "worker-0").exists()
