@@ -107,3 +107,38 @@ def test_refused_naming_both_when_the_cache_image_is_absent(swapped, command):
     assert str(swapped["hot"]) in text, text            # the recorded device, named too
     assert sha(swapped["bystander"]) == swapped["sum"]
     assert sh("blkid", "-o", "value", "-s", "TYPE", swapped["old"]) == "ext4"
+
+
+def test_a_built_cache_cannot_be_moved_onto_another_caches_device(sandbox):
+    """A recorded cache claims its devices by identity (provision/engine/owners.py), so
+    the spec of a built cache `a` changed to name cache `b`'s image is stopped by the
+    planner's identity check: refused with exit 3, b's image, the mapping and fstab
+    unchanged."""
+    specs = {}
+    for name in ("a", "b"):
+        img = image(sandbox / f"{name}.img", 320)
+        specs[name] = write_spec(sandbox / f"spec-{name}.yaml", f"""\
+            caches:
+              - name: {name}
+                backend: none
+                origin: {{loop: {{file: {img}, size: 320M}}}}
+                filesystem: {{mountpoint: {sandbox}/mnt/{name}}}
+            """)
+        hotcache("apply", specs[name], "--yes", check=True)
+    (sandbox / "mnt" / "b" / "b-data.bin").write_bytes(os.urandom(1 << 20))
+    sh("umount", sandbox / "mnt" / "b")
+    state = Path(os.environ["HOTCACHE_STATE"])
+    fstab = Path(os.environ["HOTCACHE_FSTAB"])
+    before = (sha(sandbox / "b.img"), state.read_bytes(), fstab.read_bytes())
+    moved = write_spec(sandbox / "spec-a-moved.yaml", f"""\
+        caches:
+          - name: a
+            backend: none
+            origin: {{loop: {{file: {sandbox / 'b.img'}, size: 320M}}, wipe: true}}
+            filesystem: {{mountpoint: {sandbox}/mnt/a}}
+        """)
+    res = hotcache("apply", moved, "--yes")
+    assert res.returncode == 3, res.stdout + res.stderr
+    assert "moving a cache to other devices needs `hotcache teardown a` first" in \
+        res.stdout + res.stderr
+    assert (sha(sandbox / "b.img"), state.read_bytes(), fstab.read_bytes()) == before
