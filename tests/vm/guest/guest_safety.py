@@ -112,7 +112,7 @@ def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch
     """Guest tier (c): a writeback cache on a dm-linear origin that starts returning I/O
     errors as teardown's flush begins: teardown fails and keeps the entry, the unit and
     the cache; once the origin is back, a second teardown puts every file on it."""
-    from hotcache.provision.backends import bcache, dmcache
+    from hotcache.provision.backends import bcache
     from hotcache.provision.backends import bcache_sysfs as sb
     from hotcache.provision.block.host import Host
 
@@ -154,13 +154,18 @@ def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch
     else:
         assert poll("dirty data", lambda: dirty(name), timeout=20) > 0
 
-    flushing = bcache.detach if backend == "bcache" else dmcache.ensure_writeback
-
-    def origin_fails_then_flush(*args, **kw):
+    if backend == "bcache":     # the origin fails as the detach (bcache's flush) starts
+        def origin_fails_then_detach(*args, **kw):
+            fail(dm, f"0 {sectors} error")
+            return bcache.detach(*args, **kw)
+        monkeypatch.setattr(bcache, "detach", origin_fails_then_detach)
+    else:
+        # dm-cache's cleaner starts writing back the moment its table is resumed, and 2.5
+        # MiB is clean before any later step of the teardown: the origin fails first.
+        # (Unmounted while it is healthy, so only the cleaner's writes meet the errors.)
+        sh("umount", MOUNTS / name)
         fail(dm, f"0 {sectors} error")
-        return flushing(*args, **kw)
-    target = bcache if backend == "bcache" else dmcache
-    monkeypatch.setattr(target, flushing.__name__, origin_fails_then_flush)
+        assert dirty(name) > 0
     res = hotcache("teardown", name, "--yes")
     assert res.code in (1, 8), res.out                  # the flush did not complete
     monkeypatch.undo()
