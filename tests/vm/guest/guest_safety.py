@@ -155,9 +155,11 @@ def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch
         assert poll("dirty data", lambda: dirty(name), timeout=20) > 0
 
     if backend == "bcache":     # the origin fails as the detach (bcache's flush) starts
+        detach = bcache.detach
+
         def origin_fails_then_detach(*args, **kw):
             fail(dm, f"0 {sectors} error")
-            return bcache.detach(*args, **kw)
+            return detach(*args, **kw)
         monkeypatch.setattr(bcache, "detach", origin_fails_then_detach)
     else:
         # dm-cache's cleaner starts writing back the moment its table is resumed, and 2.5
