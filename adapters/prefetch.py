@@ -15,7 +15,13 @@ import threading
 
 from .standin import StandsIn
 
-_END = object()
+class _Ended:
+    """What the thread puts last: the end of the epoch, or the error that ended it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException | None = None):
+        self.error = error
 
 
 class ThreadPrefetch(StandsIn):
@@ -48,18 +54,18 @@ class ThreadPrefetch(StandsIn):
                     if not put(item):
                         return
             except BaseException as exc:     # noqa: BLE001 - handed to the loop, raised there
-                put((_END, exc))
+                put(_Ended(exc))
                 return
-            put((_END, None))
+            put(_Ended())
 
         thread = threading.Thread(target=fetch, name="hotcache-prefetch", daemon=True)
         thread.start()
         try:
             while True:
                 item = ahead.get()
-                if type(item) is tuple and len(item) == 2 and item[0] is _END:
-                    if item[1] is not None:
-                        raise item[1]
+                if isinstance(item, _Ended):
+                    if item.error is not None:
+                        raise item.error
                     return
                 yield item
         finally:

@@ -376,7 +376,8 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
     # Without worker processes a thread reads ahead, as deep as workers would.
     ahead = prefetch_factor or 4
     if num_workers == 0:
-        prefetch_factor = None
+        if read_ahead:
+            prefetch_factor = None  # the read-ahead thread takes it; else DataLoader judges it
     elif prefetch_factor is None:
         prefetch_factor = 4
     if distributed is None:

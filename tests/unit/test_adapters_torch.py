@@ -230,6 +230,8 @@ def test_batched_decoding_runs_in_threads_of_this_process_on_small_hosts(monkeyp
     two_cpus(monkeypatch)                                       # explicit 0: synchronous
     loader = make_loader(root, image_size=(32, 32), num_workers=0, log_every=0)
     assert loader.iterable is loader.loader
+    with pytest.raises(ValueError, match="prefetch_factor"):   # DataLoader's own refusal
+        make_loader(root, image_size=(32, 32), num_workers=0, prefetch_factor=2, log_every=0)
 
 
 def counting_fetches(monkeypatch, fail_at: int | None = None) -> list[int]:
