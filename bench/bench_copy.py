@@ -10,8 +10,9 @@ do it by hand, measured in the same run on the same filesystems.
 
 Source and destination are two XFS filesystems on loop devices (sparse images in
 --workdir); the page cache is dropped before each timed run. One untimed cp warms the
-filesystems up; then each round runs cp+sync and hotcache next to each other, the one
-first in alternate rounds (see order()). Two data sets: many small files (default
+filesystems up; then each round runs cp+sync and hotcache twice each, in a mirrored order
+(cp, hotcache, hotcache, cp; the other way round in alternate rounds; see order()), and
+then the two heavy methods. Two data sets: many small files (default
 20,000 x 100 KiB) and a few large ones (default 8 x 256 MiB).
 
 Run as root:  .venv/bin/python bench/bench_copy.py [--quick] [--repeat N]
@@ -122,32 +123,39 @@ def timed(method, src: Path, dst: Path) -> float:
 
 def order(round_: int) -> list[str]:
     """The methods of one round. A run's time depends on what ran just before it (the
-    disk under the loop images keeps a memory that drop_caches does not reach; measured
-    2026-12-01: `hotcache copy` right after `manual` 11.2-11.8 s, right after `cp` 9.0-11.2
-    s; `cp` after 30 s idle 20-23 s, right after `manual` 16.7-17.8 s). So the two methods
-    whose ratio is the goal run next to each other, each one first in alternate rounds,
-    and the heavy methods come after them."""
+    disk under the loop images keeps a memory that drop_caches does not reach). Measured
+    2026-12-01: small set, `hotcache copy` right after `manual` 11.2-11.8 s, right after
+    `cp` 9.0-11.2 s; `cp` after 30 s idle 20-23 s, right after `manual` 16.7-17.8 s; and
+    a fixed order that favoured hotcache on one set disfavoured it on the other. So the
+    two methods whose ratio is the goal run twice per round in a mirrored (ABBA) order,
+    which cancels a drift within the round and gives each the other's slot, the pair
+    starting with the other method in alternate rounds; the heavy methods come last."""
     if round_ % 2 == 0:
-        return ["cp+sync", "hotcache", "manual", "hotcache+rb"]
-    return ["hotcache", "cp+sync", "hotcache+rb", "manual"]
+        return ["cp+sync", "hotcache", "hotcache", "cp+sync", "manual", "hotcache+rb"]
+    return ["hotcache", "cp+sync", "cp+sync", "hotcache", "hotcache+rb", "manual"]
 
 
 def bench(name: str, src: Path, dst_root: Path, repeat: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {m: [] for m in METHODS}
+    rounds: list[dict[str, list[float]]] = []
     # Untimed: the first copy after the data set was written is slow for whichever
     # method makes it (cp: 11-16 s against 7-9 s in later rounds).
     timed(cp_sync, src, dst_root / "copy")
     for round_ in range(repeat):
+        this: dict[str, list[float]] = {m: [] for m in METHODS}
         for label in order(round_):   # interleaved, so drift hits all alike
-            times[label].append(timed(METHODS[label], src, dst_root / "copy"))
+            this[label].append(timed(METHODS[label], src, dst_root / "copy"))
+        rounds.append(this)
+    times = {m: [x for r in rounds for x in r[m]] for m in METHODS}
     med = {m: statistics.median(t) for m, t in times.items()}
     print(f"\n{name}")
     for m, t in times.items():
         print(f"  {m:<11} {med[m]:7.2f} s   (runs: {', '.join(f'{x:.2f}' for x in t)})")
 
     def ratio(a: str, b: str) -> float:
-        """Median of the per-round ratios: runs of one round share the host's state."""
-        return statistics.median(x / y for x, y in zip(times[a], times[b]))
+        """Median over the rounds of a's mean time over b's: the runs of one round share
+        the host's state."""
+        return statistics.median(statistics.fmean(r[a]) / statistics.fmean(r[b])
+                                 for r in rounds)
 
     print(f"  hotcache vs manual:       {ratio('manual', 'hotcache'):.2f}x faster (goal >= 1.5x)")
     print(f"  hotcache vs cp+sync:      {ratio('hotcache', 'cp+sync'):.2f}x the time "
