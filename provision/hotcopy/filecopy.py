@@ -1,6 +1,6 @@
-"""Copying one file the way a hot copy needs it: read once, hash while reading, write,
-keep mtime and permissions, and start writeback early. Used from many threads at once
-(hashlib and os.readv/os.write release the GIL, so threads really overlap)."""
+"""Copying one file the way a hot copy needs it: read once, hash what is written, keep
+mtime and permissions, and start writeback early. Used from many threads at once
+(hashlib and the copying syscalls release the GIL, so threads really overlap)."""
 
 from __future__ import annotations
 
@@ -16,16 +16,17 @@ from pathlib import Path
 
 from hotcache.provision.system import beneath, fsops
 from hotcache.provision.errors import HotcacheError
-from hotcache.provision.system.chunks import CHUNK, sha256_of, thread_buffer
+from hotcache.provision.system.chunks import CHUNK, hash_range, sha256_of, thread_buffer
 from hotcache.provision.system.meter import NullMeter
 from hotcache.provision.hotcopy.selection import Entry
 
 LARGE = 64 << 20          # files this size and up are copied at most LARGE_STREAMS at a time
 WRITE_BEHIND = 8 << 20    # within a large file, start writeback every 8 MiB: the disk
                           # writes while we read and hash, instead of all at the final sync
-PIPELINE = 16 << 20       # files this size and up are hashed in a second thread
-PIPE_CHUNK = 4 << 20      # the pipelined copy's buffers: fewer syscalls per byte
-RING = 4                  # buffers in flight per pipelined file (read, hash, write overlap)
+KERNEL_COPY = 16 << 20    # files this size and up are copied by the kernel (sendfile) and
+                          # hashed from the page cache by a second thread
+KERNEL_CHUNK = 8 << 20    # bytes per sendfile call: progress, rate limit and stop between
+HASH_LAG = 4              # chunks the hasher may fall behind the copy
 
 Done = tuple[str, int, int, str]   # rel, size, mtime_ns, sha256 hex: one journal line
 
@@ -61,6 +62,10 @@ class Limiter:
 
 class _Changed(Exception):
     """The source file changed while it was read."""
+
+
+class _NoKernelCopy(Exception):
+    """sendfile cannot copy between these two files (their file systems)."""
 
 
 @dataclass
@@ -138,10 +143,17 @@ class FileCopier:
                 raise HotcacheError(f"{self.src / e.rel} is no longer a regular file")
             if st.st_size > CHUNK:   # more readahead; a small file is one read anyway
                 os.posix_fadvise(sfd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            # read-write: the large-file path hashes the staging file's own pages
             dfd = beneath.open_at(self.staging_fd, e.rel,
-                                  os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                                  os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                digest, total = self._pump(sfd, dfd, st.st_size)
+                try:
+                    digest, total = self._pump(sfd, dfd, st.st_size)
+                except OSError as exc:
+                    if exc.filename is not None:
+                        raise
+                    # read/write/sendfile errors name no file: say which one it was
+                    raise OSError(exc.errno, exc.strerror, str(self.src / e.rel)) from exc
                 after = os.fstat(sfd)
                 if total != after.st_size or after.st_mtime_ns != st.st_mtime_ns:
                     self.meter.advance(-total)
@@ -157,16 +169,24 @@ class FileCopier:
         return e.rel, st.st_size, st.st_mtime_ns, digest
 
     def _pump(self, sfd: int, dfd: int, size: int) -> tuple[str, int]:
-        """Read, hash and write until `size` bytes or EOF (a file that grows meanwhile is
-        caught by the caller's second fstat, so the EOF read can be skipped). A large
-        file is hashed by a second thread while this one reads and writes."""
-        if size >= PIPELINE:
-            return self._pump_pipelined(sfd, dfd, size)
+        """Copy and hash until `size` bytes or EOF (a file that grows meanwhile is caught by
+        the caller's second fstat, so the EOF read can be skipped); returns the sha256 of
+        the bytes written and their count."""
+        if size >= KERNEL_COPY:
+            try:
+                return self._pump_kernel(sfd, dfd, size)
+            except _NoKernelCopy:
+                pass   # nothing written yet: both descriptors are still at offset 0
+        return self._pump_buffered(sfd, dfd, size)
+
+    def _pump_buffered(self, sfd: int, dfd: int, size: int) -> tuple[str, int]:
+        """Read into this thread's buffer, hash it, write it."""
         h = hashlib.sha256()
         buf = thread_buffer(self._local)
         total = flushed = 0
         while total < size and (n := os.readv(sfd, [buf])):
-            view = self._moved(buf[:n])
+            self._moved(n)
+            view = buf[:n]
             h.update(view)
             self._write(dfd, view)
             total += n
@@ -175,62 +195,69 @@ class FileCopier:
                 flushed = total
         return h.hexdigest(), total
 
-    def _moved(self, view: memoryview) -> memoryview:
-        """Per chunk read: stop, rate limit, progress."""
+    def _moved(self, n: int) -> None:
+        """Per chunk copied: stop, rate limit, progress."""
         if self.stop.is_set():
             raise InterruptedError("stopped")
         if self.limiter:
-            self.limiter.take(len(view))
-        self.meter.advance(len(view))
-        return view
+            self.limiter.take(n)
+        self.meter.advance(n)
 
     @staticmethod
     def _write(dfd: int, view: memoryview) -> None:
         while view:
             view = view[os.write(dfd, view):]
 
-    def _pump_pipelined(self, sfd: int, dfd: int, size: int) -> tuple[str, int]:
-        """The same bytes, hash and writeback as `_pump`, with reading+writing and hashing
-        overlapped: this thread reads a chunk, hands it to a hasher thread, writes it, and
-        reads the next into another buffer; a buffer is reused only once both the write
-        (here) and the hash (there) are done with it. sha256 and the syscalls release
-        the GIL, so the two threads run on two cores: a stream costs max(hash, I/O)
-        instead of their sum (measured: bench/bench_copy.py, large set)."""
+    def _pump_kernel(self, sfd: int, dfd: int, size: int) -> tuple[str, int]:
+        """The same bytes, hash and writeback as `_pump_buffered`, for less CPU per byte.
+        The kernel copies each chunk from the source's page cache into the staging
+        file's (sendfile: no user-space buffer; on the 2-core bench machine, copies
+        through a buffer cost more CPU than sha256 itself), and a hasher thread hashes
+        the chunk from the staging file's page cache through a read-only mapping, while
+        this thread copies the next. So the hash is of exactly the bytes written (only
+        root can write or truncate the staging file: created 0600, chowned at the end),
+        and a source that changed meanwhile is caught by the caller's fstat as before.
+        Measured: bench/bench_copy.py, large set; README "Hot copies"."""
         h = hashlib.sha256()
-        free: queue.SimpleQueue = queue.SimpleQueue()
-        full: queue.SimpleQueue = queue.SimpleQueue()
-        for _ in range(RING):
-            free.put(memoryview(bytearray(PIPE_CHUNK)))
+        todo: queue.Queue = queue.Queue(maxsize=HASH_LAG)
         failed: list[BaseException] = []
 
         def hasher() -> None:
-            while (item := full.get()) is not None:
-                buf, n = item
+            while (item := todo.get()) is not None:
+                if failed:
+                    continue                           # drain, so the copier never blocks
                 try:
-                    h.update(buf[:n])
-                except Exception as exc:              # handed to the copying thread below
+                    hash_range(h, dfd, *item)
+                except Exception as exc:               # handed to the copying thread below
                     failed.append(exc)
-                free.put(buf)
 
         worker = threading.Thread(target=hasher, name="hash", daemon=True)
         worker.start()
         total = flushed = 0
         try:
-            while total < size:
-                buf = free.get()
-                n = os.readv(sfd, [buf])
+            while total < size and not failed:
+                want = min(KERNEL_CHUNK, size - total)
+                if self.stop.is_set():
+                    raise InterruptedError("stopped")
+                if self.limiter:
+                    self.limiter.take(want)
+                try:
+                    n = os.sendfile(dfd, sfd, total, want)
+                except OSError as exc:
+                    if total == 0 and exc.errno in (errno.EINVAL, errno.ENOSYS,
+                                                    errno.EOPNOTSUPP):
+                        raise _NoKernelCopy() from None   # this pair of file systems
+                    raise
                 if not n:
-                    free.put(buf)
                     break
-                self._moved(buf[:n])
-                full.put((buf, n))
-                self._write(dfd, buf[:n])
+                self.meter.advance(n)
+                todo.put((total, n))
                 total += n
                 if total - flushed >= WRITE_BEHIND:
                     fsops.start_writeback(dfd, flushed, total - flushed)
                     flushed = total
         finally:
-            full.put(None)
+            todo.put(None)
             worker.join()
         if failed:
             raise failed[0]

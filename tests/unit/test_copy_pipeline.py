@@ -1,48 +1,163 @@
-"""The large-file path of the copy: reading+writing and hashing in two threads. Same
-bytes, same manifest line as the one-thread path, on files many buffers long, with sizes
-that end mid-buffer."""
+"""The large-file path of the copy: the kernel copies (sendfile) and a second thread hashes
+the staging file's pages. Same bytes, same manifest line as the buffered path, on files
+many chunks long, with sizes that end mid-chunk, with short sendfile returns, and with
+each fallback (no sendfile, no mmap)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import mmap
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from hotcache.provision.errors import HotcacheError
 from hotcache.provision.hotcopy import copier, filecopy
+from hotcache.provision.system import chunks
 
 
-@pytest.mark.parametrize("size", [0, 1, 4096 * 5, 4096 * 7 + 123])
-def test_pipelined_copy_is_byte_exact_and_hashes_in_order(tmp_path, monkeypatch, size):
-    monkeypatch.setattr(filecopy, "PIPELINE", 1)        # every non-empty file pipelined
-    monkeypatch.setattr(filecopy, "PIPE_CHUNK", 4096)   # many buffers per file
-    monkeypatch.setattr(filecopy, "RING", 2)            # buffers reused many times over
+@pytest.fixture
+def kernel_path(monkeypatch):
+    """Every non-empty file takes the kernel path, in many small chunks; returns the list
+    of (path taken) calls."""
+    monkeypatch.setattr(filecopy, "KERNEL_COPY", 1)
+    monkeypatch.setattr(filecopy, "KERNEL_CHUNK", 4096)
+    monkeypatch.setattr(filecopy, "HASH_LAG", 2)
     calls = []
-    real = filecopy.FileCopier._pump_pipelined
-    monkeypatch.setattr(filecopy.FileCopier, "_pump_pipelined",
-                        lambda self, *a: calls.append(1) or real(self, *a))
+    for name in ("_pump_kernel", "_pump_buffered"):
+        real = getattr(filecopy.FileCopier, name)
+        monkeypatch.setattr(filecopy.FileCopier, name,
+                            lambda self, *a, _r=real, _n=name: calls.append(_n) or _r(self, *a))
+    return calls
+
+
+def copy_one(tmp_path: Path, data: bytes) -> Path:
     src = tmp_path / "src" / "cls"
     src.mkdir(parents=True)
-    data = os.urandom(size)
     (src / "big.bin").write_bytes(data)
     (src / "other.bin").write_bytes(os.urandom(4096 * 3 + 7))
     dest = tmp_path / "dest"
     copier.copy(tmp_path / "src", dest, copier.CopyOptions())
+    return dest
+
+
+def assert_exact(dest: Path, data: bytes) -> None:
     assert (dest / "cls" / "big.bin").read_bytes() == data
     sums = (dest / "SHA256SUMS").read_text()
     assert f"{hashlib.sha256(data).hexdigest()}  cls/big.bin\n" in sums
-    assert len(calls) == (2 if size else 1)           # the empty file never reads
     check = subprocess.run(["sha256sum", "--quiet", "-c", "SHA256SUMS"], cwd=dest,
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
 
 
-def test_a_hash_failure_in_the_hasher_thread_fails_the_file(tmp_path, monkeypatch):
-    monkeypatch.setattr(filecopy, "PIPELINE", 1)
-    monkeypatch.setattr(filecopy, "PIPE_CHUNK", 4096)
+@pytest.mark.parametrize("size", [0, 1, 4096 * 5, 4096 * 7 + 123])
+def test_kernel_copy_is_byte_exact_and_hashes_in_order(tmp_path, kernel_path, size):
+    data = os.urandom(size)
+    assert_exact(copy_one(tmp_path, data), data)
+    # an empty big.bin is below the kernel path's threshold (1 byte here); the rest take it
+    assert sorted(kernel_path) == (["_pump_kernel"] * 2 if size
+                                   else ["_pump_buffered", "_pump_kernel"])
 
+
+def test_short_sendfile_returns_hash_unaligned_ranges(tmp_path, kernel_path, monkeypatch):
+    real = os.sendfile
+    monkeypatch.setattr(filecopy.os, "sendfile",
+                        lambda out, src, offset, count: real(out, src, offset, min(count, 1000)))
+    data = os.urandom(4096 * 9 + 5)
+    assert_exact(copy_one(tmp_path, data), data)
+
+
+def test_without_sendfile_the_buffered_path_copies(tmp_path, kernel_path, monkeypatch):
+    def unsupported(*a):
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(filecopy.os, "sendfile", unsupported)
+    data = os.urandom(4096 * 9 + 5)
+    assert_exact(copy_one(tmp_path, data), data)
+    assert kernel_path.count("_pump_buffered") == 2
+
+
+def test_a_sendfile_error_mid_file_fails_the_copy(tmp_path, kernel_path, monkeypatch):
+    """Only a first call that cannot copy at all falls back; an error after bytes were
+    written (a disk error) fails the file, and nothing is published."""
+    real = os.sendfile
+
+    def fails_later(out, src, offset, count):
+        if offset:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(out, src, offset, count)
+
+    monkeypatch.setattr(filecopy.os, "sendfile", fails_later)
+    with pytest.raises(HotcacheError, match=r"cls/big\.bin: Input/output error"):
+        copy_one(tmp_path, os.urandom(4096 * 9))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_without_mmap_the_hash_reads_the_staging_file(tmp_path, kernel_path, monkeypatch):
+    def unmappable(*a, **kw):
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(chunks.mmap, "mmap", unmappable)
+    data = os.urandom(4096 * 9 + 5)
+    assert_exact(copy_one(tmp_path, data), data)
+
+
+def test_the_hash_is_of_the_staging_files_bytes(tmp_path, monkeypatch):
+    """hash_range reads the range it is given, at any offset, from the file itself."""
+    f = tmp_path / "f"
+    data = os.urandom(mmap.PAGESIZE * 3 + 17)
+    f.write_bytes(data)
+    fd = os.open(f, os.O_RDONLY)
+    try:
+        for offset, n in [(0, len(data)), (1, 5000), (mmap.PAGESIZE, 17), (len(data) - 3, 3)]:
+            h = hashlib.sha256()
+            chunks.hash_range(h, fd, offset, n)
+            assert h.hexdigest() == hashlib.sha256(data[offset:offset + n]).hexdigest()
+    finally:
+        os.close(fd)
+
+
+def test_a_source_changed_during_the_kernel_copy_is_copied_again(tmp_path, kernel_path,
+                                                                   monkeypatch):
+    src_file = tmp_path / "src" / "cls" / "big.bin"
+    real = os.sendfile
+    grown = []
+
+    def writer_meanwhile(out, src, offset, count):
+        if offset and not grown:           # someone appends in the middle of the copy
+            grown.append(1)
+            with open(src_file, "ab") as f:
+                f.write(b"late")
+        return real(out, src, offset, count)
+
+    monkeypatch.setattr(filecopy.os, "sendfile", writer_meanwhile)
+    data = os.urandom(4096 * 9)
+    dest = copy_one(tmp_path, data)
+    assert grown
+    assert_exact(dest, data + b"late")
+
+
+def test_a_source_that_keeps_changing_is_refused(tmp_path, kernel_path, monkeypatch):
+    src_file = tmp_path / "src" / "cls" / "big.bin"
+    real = os.sendfile
+
+    def always_writing(out, src, offset, count):
+        if offset:
+            with open(src_file, "ab") as f:
+                f.write(b"x")
+        return real(out, src, offset, count)
+
+    monkeypatch.setattr(filecopy.os, "sendfile", always_writing)
+    with pytest.raises(HotcacheError, match="kept changing"):
+        copy_one(tmp_path, os.urandom(4096 * 9))
+    assert not (tmp_path / "dest").exists()
+
+
+def test_a_hash_failure_in_the_hasher_thread_fails_the_file(tmp_path, kernel_path,
+                                                            monkeypatch):
     class Boom:
         def update(self, data):
             raise MemoryError("hash failed")
@@ -51,9 +166,6 @@ def test_a_hash_failure_in_the_hasher_thread_fails_the_file(tmp_path, monkeypatc
             return "0" * 64
 
     monkeypatch.setattr(filecopy.hashlib, "sha256", Boom)
-    src = tmp_path / "src" / "cls"
-    src.mkdir(parents=True)
-    (src / "big.bin").write_bytes(os.urandom(4096 * 9))
     with pytest.raises(MemoryError, match="hash failed"):
-        copier.copy(tmp_path / "src", tmp_path / "dest", copier.CopyOptions())
+        copy_one(tmp_path, os.urandom(4096 * 9))
     assert not Path(tmp_path / "dest").exists()
