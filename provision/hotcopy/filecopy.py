@@ -214,9 +214,10 @@ class FileCopier:
         file's (sendfile: no user-space buffer; on the 2-core bench machine, copies
         through a buffer cost more CPU than sha256 itself), and a hasher thread hashes
         the chunk from the staging file's page cache through a read-only mapping, while
-        this thread copies the next. So the hash is of exactly the bytes written (only
-        root can write or truncate the staging file: created 0600, chowned at the end),
-        and a source that changed meanwhile is caught by the caller's fstat as before.
+        this thread copies the next. So the hash is of exactly the bytes written (no user
+        but hotcache's own can write or truncate the staging file: created 0600, chowned
+        only at the end), and a source that changed meanwhile is caught by the caller's
+        fstat as before.
         Measured: bench/bench_copy.py, large set; README "Hot copies"."""
         h = hashlib.sha256()
         todo: queue.Queue = queue.Queue(maxsize=HASH_LAG)
