@@ -150,10 +150,12 @@ class FileCopier:
                 try:
                     digest, total = self._pump(sfd, dfd, st.st_size)
                 except OSError as exc:
-                    if exc.filename is not None:
+                    if exc.filename is not None or exc.errno is None:
                         raise
-                    # read/write/sendfile errors name no file: say which one it was
-                    raise OSError(exc.errno, exc.strerror, str(self.src / e.rel)) from exc
+                    # read/write/sendfile errors name no file: say which file's copy it
+                    # was (the path in the copy: the error may be the source's or the
+                    # staging file's)
+                    raise OSError(exc.errno, exc.strerror, e.rel) from exc
                 after = os.fstat(sfd)
                 if total != after.st_size or after.st_mtime_ns != st.st_mtime_ns:
                     self.meter.advance(-total)
@@ -217,33 +219,40 @@ class FileCopier:
         this thread copies the next. So the hash is of exactly the bytes written (no user
         but hotcache's own can write or truncate the staging file: created 0600, chowned
         only at the end), and a source that changed meanwhile is caught by the caller's
-        fstat as before.
+        fstat as before. The hasher starts writeback only for ranges it has hashed: until
+        then the pages are dirty and stay in memory, so the mapping never has to read
+        them back from the disk (where a read error would be a SIGBUS, not an error).
         Measured: bench/bench_copy.py, large set; README "Hot copies"."""
         h = hashlib.sha256()
         todo: queue.Queue = queue.Queue(maxsize=HASH_LAG)
         failed: list[BaseException] = []
 
         def hasher() -> None:
+            flushed = 0
             while (item := todo.get()) is not None:
                 if failed:
                     continue                           # drain, so the copier never blocks
+                offset, n = item
                 try:
-                    hash_range(h, dfd, *item)
+                    hash_range(h, dfd, offset, n)
                 except Exception as exc:               # handed to the copying thread below
                     failed.append(exc)
+                    continue
+                if offset + n - flushed >= WRITE_BEHIND:
+                    fsops.start_writeback(dfd, flushed, offset + n - flushed)
+                    flushed = offset + n
 
+        # Under --bwlimit, 1 MiB at a time: the rate stays smooth and a stop is prompt.
+        chunk = CHUNK if self.limiter else KERNEL_CHUNK
         worker = threading.Thread(target=hasher, name="hash", daemon=True)
         worker.start()
-        total = flushed = 0
+        total = 0
         try:
             while total < size and not failed:
-                want = min(KERNEL_CHUNK, size - total)
                 if self.stop.is_set():
                     raise InterruptedError("stopped")
-                if self.limiter:
-                    self.limiter.take(want)
                 try:
-                    n = os.sendfile(dfd, sfd, total, want)
+                    n = os.sendfile(dfd, sfd, total, min(chunk, size - total))
                 except OSError as exc:
                     if total == 0 and exc.errno in (errno.EINVAL, errno.ENOSYS,
                                                     errno.EOPNOTSUPP):
@@ -251,12 +260,9 @@ class FileCopier:
                     raise
                 if not n:
                     break
-                self.meter.advance(n)
                 todo.put((total, n))
                 total += n
-                if total - flushed >= WRITE_BEHIND:
-                    fsops.start_writeback(dfd, flushed, total - flushed)
-                    flushed = total
+                self._moved(n)
         finally:
             todo.put(None)
             worker.join()

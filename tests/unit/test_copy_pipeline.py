@@ -68,6 +68,7 @@ def test_short_sendfile_returns_hash_unaligned_ranges(tmp_path, kernel_path, mon
                         lambda out, src, offset, count: real(out, src, offset, min(count, 1000)))
     data = os.urandom(4096 * 9 + 5)
     assert_exact(copy_one(tmp_path, data), data)
+    assert kernel_path == ["_pump_kernel"] * 2
 
 
 def test_without_sendfile_the_buffered_path_copies(tmp_path, kernel_path, monkeypatch):
@@ -80,20 +81,79 @@ def test_without_sendfile_the_buffered_path_copies(tmp_path, kernel_path, monkey
     assert kernel_path.count("_pump_buffered") == 2
 
 
-def test_a_sendfile_error_mid_file_fails_the_copy(tmp_path, kernel_path, monkeypatch):
-    """Only a first call that cannot copy at all falls back; an error after bytes were
-    written (a disk error) fails the file, and nothing is published."""
+@pytest.mark.parametrize("err", [errno.EIO, errno.EINVAL])
+def test_a_sendfile_error_mid_file_fails_the_copy(tmp_path, kernel_path, monkeypatch, err):
+    """Only a first call that cannot copy at all falls back to the buffered path: after
+    that the staging file's offset has moved, and a fallback would copy the start twice.
+    So a later error, a disk error (EIO) or not (EINVAL), fails the file, and nothing is
+    published."""
     real = os.sendfile
 
     def fails_later(out, src, offset, count):
         if offset:
-            raise OSError(errno.EIO, "Input/output error")
+            raise OSError(err, os.strerror(err))
         return real(out, src, offset, count)
 
     monkeypatch.setattr(filecopy.os, "sendfile", fails_later)
-    with pytest.raises(HotcacheError, match=r"cls/big\.bin: Input/output error"):
+    with pytest.raises(HotcacheError, match=rf"cls/big\.bin: {os.strerror(err)}"):
         copy_one(tmp_path, os.urandom(4096 * 9))
+    assert "_pump_buffered" not in kernel_path
     assert not (tmp_path / "dest").exists()
+
+
+def test_the_manifest_hashes_the_bytes_in_the_staging_file(tmp_path, kernel_path,
+                                                          monkeypatch):
+    """Hashed from the staging file, not from the source: a byte that differs in the
+    staging file (as if written wrong) is in the manifest's hash."""
+    real = os.sendfile
+
+    def writes_wrong(out, src, offset, count):
+        n = real(out, src, offset, count)
+        os.pwrite(out, b"!", offset)
+        return n
+
+    monkeypatch.setattr(filecopy.os, "sendfile", writes_wrong)
+    data = os.urandom(4096 * 9)
+    dest = copy_one(tmp_path, data)
+    written = (dest / "cls" / "big.bin").read_bytes()
+    assert written != data
+    assert_exact(dest, written)
+
+
+def test_writeback_starts_only_for_hashed_ranges(tmp_path, kernel_path, monkeypatch):
+    """Until hashed, a range stays dirty in memory, so its mapping never reads the disk."""
+    monkeypatch.setattr(filecopy, "WRITE_BEHIND", 4096 * 2)
+    hashed: dict[int, int] = {}
+    events = []
+    real_hash = filecopy.hash_range
+
+    def hash_range(h, fd, offset, n):
+        real_hash(h, fd, offset, n)
+        hashed[fd] = max(hashed.get(fd, 0), offset + n)
+
+    def start_writeback(fd, offset, n):
+        events.append((offset + n, hashed.get(fd, 0)))
+
+    monkeypatch.setattr(filecopy, "hash_range", hash_range)
+    monkeypatch.setattr(filecopy.fsops, "start_writeback", start_writeback)
+    data = os.urandom(4096 * 9)
+    assert_exact(copy_one(tmp_path, data), data)
+    assert len(events) >= 4
+    assert all(end <= done for end, done in events), events
+
+
+def test_bwlimit_is_charged_the_bytes_copied(tmp_path, kernel_path, monkeypatch):
+    taken = []
+    monkeypatch.setattr(filecopy.Limiter, "take", lambda self, n: taken.append(n))
+    src = tmp_path / "src" / "cls"
+    src.mkdir(parents=True)
+    data = os.urandom((3 << 20) + 5)                  # 4 sendfile calls of at most 1 MiB
+    (src / "big.bin").write_bytes(data)
+    dest = tmp_path / "dest"
+    copier.copy(tmp_path / "src", dest, copier.CopyOptions(bwlimit=1 << 30))
+    assert (dest / "cls" / "big.bin").read_bytes() == data
+    assert kernel_path == ["_pump_kernel"]
+    assert sum(taken) == len(data) and max(taken) <= 1 << 20 and len(taken) == 4
 
 
 def test_without_mmap_the_hash_reads_the_staging_file(tmp_path, kernel_path, monkeypatch):
@@ -101,8 +161,13 @@ def test_without_mmap_the_hash_reads_the_staging_file(tmp_path, kernel_path, mon
         raise OSError(errno.ENODEV, "No such device")
 
     monkeypatch.setattr(chunks.mmap, "mmap", unmappable)
+    reads = []
+    real = chunks._hash_pread
+    monkeypatch.setattr(chunks, "_hash_pread", lambda *a: reads.append(a[2:]) or real(*a))
     data = os.urandom(4096 * 9 + 5)
     assert_exact(copy_one(tmp_path, data), data)
+    assert kernel_path == ["_pump_kernel"] * 2
+    assert sum(n for _, n in reads) == len(data) + 4096 * 3 + 7   # every byte, by pread
 
 
 def test_the_hash_is_of_the_staging_files_bytes(tmp_path, monkeypatch):
