@@ -220,8 +220,9 @@ class FileCopier:
         but hotcache's own can write or truncate the staging file: created 0600, chowned
         only at the end), and a source that changed meanwhile is caught by the caller's
         fstat as before. The hasher starts writeback only for ranges it has hashed: until
-        then the pages are dirty and stay in memory, so the mapping never has to read
-        them back from the disk (where a read error would be a SIGBUS, not an error).
+        then the pages are dirty in memory (unless the kernel's flusher gets there first
+        within the few chunks of lag), so the mapping does not read them back from the
+        disk, where a read error would be a SIGBUS, not an error.
         Measured: bench/bench_copy.py, large set; README "Hot copies"."""
         h = hashlib.sha256()
         todo: queue.Queue = queue.Queue(maxsize=HASH_LAG)
