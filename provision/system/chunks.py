@@ -40,7 +40,7 @@ def sha256_of(fd: int, buf: memoryview, advance: Callable[[int], None] | None = 
     return h.hexdigest()
 
 
-def hash_range(h: "hashlib._Hash", fd: int, offset: int, nbytes: int) -> None:
+def hash_range(h: hashlib._Hash, fd: int, offset: int, nbytes: int) -> None:
     """Feed bytes [offset, offset+nbytes) of `fd` to `h` from the page cache, without
     copying them: a read-only shared mapping of just that range (mmap offsets must be
     page-aligned, so the mapping starts at the page that holds `offset`). A file system
@@ -61,7 +61,7 @@ def hash_range(h: "hashlib._Hash", fd: int, offset: int, nbytes: int) -> None:
         mapped.close()
 
 
-def _hash_pread(h: "hashlib._Hash", fd: int, offset: int, nbytes: int) -> None:
+def _hash_pread(h: hashlib._Hash, fd: int, offset: int, nbytes: int) -> None:
     buf = memoryview(bytearray(min(CHUNK, nbytes)))
     end = offset + nbytes
     while offset < end:

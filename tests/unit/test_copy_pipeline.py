@@ -170,7 +170,7 @@ def test_without_mmap_the_hash_reads_the_staging_file(tmp_path, kernel_path, mon
     assert sum(n for _, n in reads) == len(data) + 4096 * 3 + 7   # every byte, by pread
 
 
-def test_the_hash_is_of_the_staging_files_bytes(tmp_path, monkeypatch):
+def test_hash_range_hashes_any_range_of_a_file(tmp_path):
     """hash_range reads the range it is given, at any offset, from the file itself."""
     f = tmp_path / "f"
     data = os.urandom(mmap.PAGESIZE * 3 + 17)
