@@ -8,7 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from hotcache.provision.cli.common import JobsOpt, JsonOpt, StateOpt, console, emit
+from hotcache.provision.cli.common import (JobsOpt, JsonOpt, StateOpt, console, emit,
+                                           preload)
 MetricsDirOpt = typer.Option(
     None, "--metrics-dir", envvar="HOTCACHE_METRICS_DIR", show_envvar=True, metavar="DIR",
     help="While running, publish bytes and files done and left as metrics in DIR (node_"
@@ -104,6 +105,7 @@ def copy(
                        space_check=not no_space_check, bwlimit=parse_rate(bwlimit),
                        state=state, verify=verify, fit=fit, budget=budget, redraw=redraw)
     meter = _meter(as_json, metrics_dir, "copy", dest)
+    preload("hotcache.provision.hotcopy.catalog", "rich.console")   # for after the copy
     try:
         result = do_copy(src, dest, opts, meter)
     finally:

@@ -234,3 +234,30 @@ def test_a_hash_failure_in_the_hasher_thread_fails_the_file(tmp_path, kernel_pat
     with pytest.raises(MemoryError, match="hash failed"):
         copy_one(tmp_path, os.urandom(4096 * 9))
     assert not Path(tmp_path / "dest").exists()
+
+
+def _run_python(code: str) -> str:
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stderr == ""
+    return out.stdout.strip()
+
+
+def test_the_copy_engine_starts_without_the_mappings_models():
+    """The mapping's pydantic models and yaml take 0.1-0.2 s to import with a cold page
+    cache: importing the copy engine must not pull them in before any data moves."""
+    code = ("import sys, hotcache.provision.hotcopy.copier; print([m for m in "
+            "('hotcache.provision.mapping', 'hotcache.provision.records', 'yaml') "
+            "if m in sys.modules])")
+    assert _run_python(code) == "[]"
+
+
+def test_preload_imports_in_the_background_and_leaves_failures_to_the_command():
+    code = ("import sys, threading; from hotcache.provision.cli.common import preload; "
+            "assert 'colorsys' not in sys.modules; "
+            "preload('hotcache_no_such_module', 'colorsys'); "
+            "[t.join() for t in threading.enumerate() if t.name == 'preload']; "
+            "print('colorsys' in sys.modules)")
+    assert _run_python(code) == "True"
