@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -61,17 +62,42 @@ def steady_memory(keep: bool):
     host had taken back since the previous run, not on the method: it is not a cost of
     copying, and a bare-metal GPU host has none of it. With reporting paused, a block
     qualifies only above the largest buddy order, that is never: cp then took 2.35-2.68
-    s run after run. Yields whether it paused anything."""
+    s run after run. Yields a line saying what it did, or None where there is nothing
+    to pause (no reporting driver: the order reads -1)."""
     if keep or not REPORTING_ORDER.exists():
-        yield False
+        yield None
         return
     old = REPORTING_ORDER.read_text().strip()
+    if not old.isdigit():
+        yield None
+        return
     orders = len(Path("/proc/buddyinfo").read_text().split("\n")[0].split()) - 4
-    REPORTING_ORDER.write_text(f"{orders}\n")   # orders 0..orders-1 exist
+    # Orders 0..orders-1 exist, so `orders` pauses reporting for good. A kernel that
+    # accepts at most the largest order still reports blocks of that order (4 MiB).
+    for order in (orders, orders - 1):
+        try:
+            REPORTING_ORDER.write_text(f"{order}\n")
+            break
+        except OSError:
+            continue
+    else:
+        yield ("free page reporting could not be paused: the figures carry the VM's "
+               "memory noise (see steady_memory)")
+        return
+    # Restored on SIGTERM and SIGHUP too (a `timeout`, a dropped ssh session).
+    handlers = {sig: signal.signal(sig, _exit) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        yield True
+        yield (f"free page reporting to the VM's host paused for the run "
+               f"(page_reporting_order {old} -> {order}; if the run is killed: "
+               f"echo {old} > {REPORTING_ORDER})")
     finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         REPORTING_ORDER.write_text(f"{old}\n")
+
+
+def _exit(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def make_xfs(work: Path, name: str, size: int) -> tuple[Path, str]:
@@ -212,11 +238,11 @@ def main() -> None:
     small = (2000 if args.quick else 20000, 100 << 10)
     large = (4 if args.quick else 8, (64 if args.quick else 256) << 20)
     data = small[0] * small[1] + large[0] * large[1]   # images are sparse: sized for both
-    work = Path(tempfile.mkdtemp(prefix="hotcache-bench-", dir=args.workdir))
     mounts: list[tuple[Path, str]] = []
-    with steady_memory(args.keep_page_reporting) as paused:
-        if paused:
-            print("free page reporting to the VM's host paused for the run", flush=True)
+    with steady_memory(args.keep_page_reporting) as memory:
+        if memory:
+            print(memory, flush=True)
+        work = Path(tempfile.mkdtemp(prefix="hotcache-bench-", dir=args.workdir))
         try:
             # room for the data plus XFS metadata (small files take whole 4 KiB blocks)
             size = int(data * 1.25) + (512 << 20)

@@ -7,7 +7,6 @@ change is read-modify-write under an exclusive lock and written atomically.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import os
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from hotcache.provision import __version__
 from hotcache.provision.errors import UsageError
 from hotcache.provision.records import CacheEntry, ValidationError, problems
 from hotcache.provision.system.atomic import locked, write_atomic
+from hotcache.provision.system.clock import now   # also mapping.now, for its callers
 
 SCHEMA_VERSION = 1
 DEFAULT_STATE = "/etc/hotcache/mappings.yaml"
@@ -24,10 +24,6 @@ DEFAULT_STATE = "/etc/hotcache/mappings.yaml"
 
 def state_path(option: str | None = None) -> Path:
     return Path(option or os.environ.get("HOTCACHE_STATE") or DEFAULT_STATE)
-
-
-def now() -> str:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
 def empty() -> dict:

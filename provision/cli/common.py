@@ -45,13 +45,14 @@ def preload(*modules: str) -> None:
     mapping's pydantic models and rich's console take 0.1-0.2 s with a cold page cache,
     time that would otherwise come after the work instead of during it (the copy's
     threads spend it in syscalls, without the GIL). Not a daemon: the interpreter never
-    stops with an import half done. A module that fails to import is left to the
-    command's own import of it, which reports the error."""
+    stops with an import half done. A module that fails to import, for whatever reason,
+    is left to the command's own import of it, which reports the error once and in the
+    command's words, not as a thread's traceback in the middle of the progress."""
     def load() -> None:
         for name in modules:
             try:
                 importlib.import_module(name)
-            except ImportError:
+            except Exception:   # reported by the command's own import, see above
                 continue
 
     threading.Thread(target=load, name="preload").start()

@@ -34,6 +34,7 @@ from hotcache.provision.errors import DriftError, HotcacheError, RefusedError, U
 from hotcache.provision.hotcopy.filecopy import CHUNK, Done, FileCopier, Limiter, default_jobs
 from hotcache.provision.hotcopy.format import (FORMAT, MANIFEST, METADATA, STAGING_SUFFIX,
                                                label_ok, read_metadata, staging_dir)
+from hotcache.provision.system.clock import now
 from hotcache.provision.system.meter import NullMeter
 from hotcache.provision.hotcopy.selection import Entry, select
 from hotcache.provision.hotcopy.staging import Staging
@@ -474,7 +475,6 @@ def _read_back(staging: Staging, digests: dict[str, str], opts: CopyOptions,
     the device. Files that read back wrong are removed from the staging folder (and its
     journal) and nothing is published; the next run copies just those again."""
     from hotcache.provision.hotcopy.verify import hash_files
-    from hotcache.provision.mapping import now
 
     fsops.syncfs(staging.fd)
     meter.start("read back", sum(os.stat(r, dir_fd=staging.fd).st_size for r in digests),
@@ -494,11 +494,6 @@ def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old,
             owner, verified_at: str | None) -> dict:
     """Folders' permissions, manifest, metadata, then make it all durable. The manifest
     is written before the journal is dropped: a failure here resumes, not starts over."""
-    # Imported here, not at the top: the mapping's pydantic models take 0.1-0.2 s to
-    # import with a cold page cache, time the copy itself need not wait for (the CLI
-    # preloads them meanwhile: cli/common.preload).
-    from hotcache.provision.mapping import now
-
     for top, _dirs, _files, fd in beneath.walk(staging.fd):
         if top:   # the top folder gets its owner and mode once it is published
             if owner:

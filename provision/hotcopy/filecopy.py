@@ -25,7 +25,7 @@ from hotcache.provision.system.chunks import CHUNK, sha256_of, thread_buffer
 from hotcache.provision.system.meter import NullMeter
 from hotcache.provision.hotcopy.selection import Entry
 
-LARGE = 64 << 20          # files this size and up are copied at most LARGE_STREAMS at a time
+LARGE = 64 << 20          # files this size and up are copied at most large_streams() at a time
 WRITE_BEHIND = 8 << 20    # within a large file, start writeback every 8 MiB: the disk
                           # writes while we read and hash, instead of all at the final sync
 

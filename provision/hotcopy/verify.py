@@ -22,7 +22,7 @@ from hotcache.provision.errors import HotcacheError, UsageError
 from hotcache.provision.hotcopy.filecopy import default_jobs
 from hotcache.provision.hotcopy.format import (MANIFEST, METADATA, RESERVED, STAGING_SUFFIX,
                                                read_metadata)
-from hotcache.provision.mapping import now
+from hotcache.provision.system.clock import now
 from hotcache.provision.system.chunks import CHUNK, sha256_of
 from hotcache.provision.system.meter import NullMeter
 

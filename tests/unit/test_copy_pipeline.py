@@ -10,12 +10,14 @@ import errno
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.hotcopy import copier, filecopy
+from hotcache.provision.hotcopy.selection import Entry
 from hotcache.provision.system import chunks
 
 SMALL_CHUNK = 4096
@@ -146,28 +148,60 @@ def test_a_source_that_keeps_changing_is_refused(tmp_path, small_chunks, monkeyp
     assert not (tmp_path / "dest").exists()
 
 
-def _run_python(code: str) -> str:
-    import sys
+def test_a_stop_ends_the_copy_within_a_chunk(tmp_path, small_chunks, monkeypatch):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "big.bin").write_bytes(os.urandom(SMALL_CHUNK * 9))
+    (tmp_path / "staging").mkdir()
+    src_fd = os.open(tmp_path / "src", os.O_RDONLY | os.O_DIRECTORY)
+    staging_fd = os.open(tmp_path / "staging", os.O_RDONLY | os.O_DIRECTORY)
+    worker = filecopy.FileCopier(tmp_path / "src", src_fd, staging_fd)
+    real, reads = os.readv, []
 
+    def readv(fd, buffers):
+        reads.append(fd)
+        if len(reads) == 3:
+            worker.stop.set()              # Ctrl-C, or another file failed
+        return real(fd, buffers)
+
+    monkeypatch.setattr(filecopy.os, "readv", readv)
+    st = (tmp_path / "src" / "big.bin").stat()
+    try:
+        with pytest.raises(InterruptedError):
+            worker.copy(Entry("big.bin", st.st_size, st.st_mtime_ns, 0o644))
+    finally:
+        os.close(src_fd)
+        os.close(staging_fd)
+    assert len(reads) == 3
+
+
+def _run_python(code: str, *path: Path) -> str:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, path))} if path else None
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+                         check=True, env=env)
     assert out.stderr == ""
     return out.stdout.strip()
 
 
-def test_the_copy_engine_starts_without_the_mappings_models():
+def test_the_copy_starts_without_the_mappings_models():
     """The mapping's pydantic models and yaml take 0.1-0.2 s to import with a cold page
-    cache: importing the copy engine must not pull them in before any data moves."""
-    code = ("import sys, hotcache.provision.hotcopy.copier; print([m for m in "
+    cache: neither the CLI nor the copy engine may pull them in before any data moves
+    (cli/common.preload loads them meanwhile)."""
+    code = ("import sys, hotcache.provision.cli.app, hotcache.provision.cli.copies, "
+            "hotcache.provision.hotcopy.copier; print([m for m in "
             "('hotcache.provision.mapping', 'hotcache.provision.records', 'yaml') "
             "if m in sys.modules])")
     assert _run_python(code) == "[]"
 
 
-def test_preload_imports_in_the_background_and_leaves_failures_to_the_command():
+def test_preload_imports_in_the_background_and_leaves_failures_to_the_command(tmp_path):
+    """It returns at once (the import runs in a thread of its own that the interpreter
+    waits for), imports what it can, and a module that fails, for any reason, prints
+    nothing: the command's own import reports it."""
+    (tmp_path / "hc_broken_module.py").write_text("raise RuntimeError('broken')\n")
+    (tmp_path / "hc_slow_module.py").write_text("import time\ntime.sleep(0.5)\n")
     code = ("import sys, threading; from hotcache.provision.cli.common import preload; "
-            "assert 'colorsys' not in sys.modules; "
-            "preload('hotcache_no_such_module', 'colorsys'); "
-            "[t.join() for t in threading.enumerate() if t.name == 'preload']; "
+            "preload('hc_no_such_module', 'hc_broken_module', 'hc_slow_module', 'colorsys'); "
+            "t, = [t for t in threading.enumerate() if t.name == 'preload']; "
+            "print('colorsys' in sys.modules, t.daemon, end=' '); t.join(); "
             "print('colorsys' in sys.modules)")
-    assert _run_python(code) == "True"
+    assert _run_python(code, tmp_path) == "False False True"
