@@ -16,7 +16,7 @@ from hotcache.provision import __version__
 from hotcache.provision.errors import UsageError
 from hotcache.provision.records import CacheEntry, ValidationError, problems
 from hotcache.provision.system.atomic import locked, write_atomic
-from hotcache.provision.system.clock import now   # also mapping.now, for its callers
+from hotcache.provision.system.clock import now
 
 SCHEMA_VERSION = 1
 DEFAULT_STATE = "/etc/hotcache/mappings.yaml"

@@ -25,6 +25,7 @@ from hotcache.provision.engine import images, owners
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
 from hotcache.provision.records import (STATES, BackendState, CacheEntry, DeviceRecord,
                                         Filesystem, Persist)
+from hotcache.provision.system.clock import now
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.users import parse_owner
 from hotcache.provision.engine import bootunit
@@ -510,8 +511,8 @@ def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
         data["caches"][spec.name] = CacheEntry(
             backend=spec.backend,
             state=state,
-            created=old.created if old and old.created else mapping.now(),
-            updated=mapping.now(),
+            created=old.created if old and old.created else now(),
+            updated=now(),
             mode=spec.effective_mode,
             tunables=dict(spec.tunables),
             devices={role: DeviceRecord.model_validate(info) for role, info in devices.items()},

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from hotcache.provision import mapping
+from hotcache.provision.system.clock import now
 from hotcache.provision.errors import RefusedError
 from hotcache.provision.records import CacheEntry, DeviceRecord, Filesystem
 
@@ -35,7 +35,7 @@ def record(data: dict, image: str, cache: str, entry: CacheEntry, role: str) -> 
     """Note in the mapping `data` that `image` was kept when `cache` was taken down."""
     data.setdefault(KEY, {})[os.path.realpath(image)] = {
         "cache": cache, "backend": entry.backend, "role": role,
-        "fs_uuid": entry.filesystem.uuid, "kept": mapping.now(),
+        "fs_uuid": entry.filesystem.uuid, "kept": now(),
         "file": file_identity(image),
     }
 

@@ -110,7 +110,6 @@ class FileCopier:
         return beneath.strip_privilege(self.mode if self.mode is not None else source_mode)
 
     def hash_source(self, e: Entry) -> str:
-        h = hashlib.sha256()
         fd = self.open_source(e)
         try:
             return sha256_of(fd, thread_buffer(self._local))
