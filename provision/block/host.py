@@ -24,11 +24,10 @@ from hotcache.provision.system.runner import PACKAGES, SEARCH_PATH, Result, Runn
 
 @dataclass
 class Roots:
-    """Where block/identity.py reads devices' identities (sysfs, udev's links and data)."""
+    """Where block/identity.py reads devices' identities (sysfs, udev's links)."""
 
     sys_block: Path = Path("/sys/class/block")
     by_id: Path = Path("/dev/disk/by-id")
-    udev_data: Path = Path("/run/udev/data")
     dev: Path = Path("/dev")
 
 
@@ -36,6 +35,7 @@ class Host:
     def __init__(self, runner: Runner | None = None, root: str | os.PathLike = "/"):
         self.runner = runner if runner is not None else Runner()
         self.root = Path(root)
+        self._udev = None       # pyudev's Context, made on first use
 
     @property
     def real(self) -> bool:
@@ -81,7 +81,24 @@ class Host:
     def roots(self) -> Roots:
         """Where block/identity.py reads devices' identities on this host."""
         return Roots(self.path("/sys/class/block"), self.path("/dev/disk/by-id"),
-                     self.path("/run/udev/data"), self.path("/dev"))
+                     self.path("/dev"))
+
+    def udev_properties(self, name: str) -> dict[str, str]:
+        """udev's properties of kernel block device `name` (what `udevadm info` prints
+        as E: lines: ID_SERIAL, ID_WWN, ID_PART_ENTRY_UUID...), read through libudev
+        (pyudev) rather than udev's private database files. Empty when udev does not
+        know the device, and on a host under a folder, which has no udev."""
+        if not self.real:
+            return {}
+        import pyudev
+
+        if self._udev is None:
+            self._udev = pyudev.Context()
+        try:
+            device = pyudev.Devices.from_name(self._udev, "block", name)
+        except pyudev.DeviceNotFoundError:
+            return {}
+        return {key: device.properties[key] for key in device.properties}
 
     # --- block devices --------------------------------------------------------------
     def kname(self, node: str) -> str:

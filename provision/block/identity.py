@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 
 from hotcache.provision.block.blockdev import fs_identity
-from hotcache.provision.block.host import Host, Roots
+from hotcache.provision.block.host import Host
 
 # by-id links that name what a device holds (a PV or md signature, a dm table's name)
 # rather than the device itself: they appear and vanish with hotcache's own steps.
@@ -62,17 +62,6 @@ def _read(path) -> str | None:
         return None
 
 
-def _udev(roots: Roots, devnum: str | None) -> dict[str, str]:
-    """udev's properties of a device (what `udevadm info` prints as E: lines)."""
-    text = _read(roots.udev_data / f"b{devnum}") if devnum else None
-    props = {}
-    for line in (text or "").splitlines():
-        if line.startswith("E:"):
-            key, _, value = line[2:].partition("=")
-            props[key] = value
-    return props
-
-
 def kname(path: str, host: Host) -> str | None:
     """The kernel name a /dev path (node, by-id or mapper link) names now, or None when
     no such block device exists. Paths are read beneath the host's /dev."""
@@ -99,11 +88,11 @@ def links_to(name: str, host: Host) -> list[str]:
 
 def hardware(name: str, host: Host) -> tuple[int, dict, list[str], str | None]:
     """(size, identity keys, stable by-id links, loop backing file) of kernel device
-    `name`, from sysfs and udev's database (no subprocess)."""
+    `name`, from sysfs and udev's properties (no subprocess)."""
     roots = host.roots
     base = roots.sys_block / name
     size = int(_read(base / "size") or 0) * 512
-    props = _udev(roots, _read(base / "dev"))
+    props = host.udev_properties(name)
     disk = base
     partn = _read(base / "partition")
     if partn:

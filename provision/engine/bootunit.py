@@ -1,7 +1,15 @@
 """The boot-time restore unit apply installs for each block cache whose backend declares
 `restores_at_boot`: ordered before the cache's mount unit, it runs `hotcache restore
 NAME` (restore.py). Units go to HOTCACHE_UNIT_DIR (default /etc/systemd/system), so tests
-and trials never touch the host's /etc."""
+and trials never touch the host's /etc.
+
+The unit waits for the cache's own devices through their systemd device units
+(`Wants=` and `After=` dev-disk-by\\x2did-....device), not for the deprecated
+systemd-udev-settle.service, which waits for every device of the machine and still
+promises nothing about these. The wait is bounded twice: systemd gives up on a device
+unit after its job timeout (DefaultDeviceTimeoutSec, 90 s by default) and, `Wants=` being
+weak, starts the restore anyway; restore then waits its own bounded time
+(restore.DEVICE_WAIT) and fails loudly, naming the missing device."""
 
 from __future__ import annotations
 
@@ -23,12 +31,13 @@ def unit_name(cache: str) -> str:
     return f"hotcache-restore-{cache}.service"
 
 
-def mount_unit(mountpoint: str) -> str:
-    """systemd's unit name for a mountpoint (what `systemd-escape --path --suffix=mount`
-    prints)."""
-    path = os.path.normpath(mountpoint).strip("/")
+def path_unit(path: str, suffix: str) -> str:
+    """systemd's unit name for a path (what `systemd-escape --path --suffix=SUFFIX`
+    prints): slashes become dashes, and every byte outside [A-Za-z0-9:_.] (a leading dot
+    too) becomes \\xNN."""
+    path = os.path.normpath(path).strip("/")
     if not path:
-        return "-.mount"
+        return f"-.{suffix}"
     out = []
     for i, ch in enumerate(path):
         if ch == "/":
@@ -37,7 +46,24 @@ def mount_unit(mountpoint: str) -> str:
             out.append(ch)
         else:
             out.append("".join(f"\\x{b:02x}" for b in ch.encode()))
-    return "".join(out) + ".mount"
+    return "".join(out) + f".{suffix}"
+
+
+def mount_unit(mountpoint: str) -> str:
+    """systemd's unit name for a mountpoint."""
+    return path_unit(mountpoint, "mount")
+
+
+def device_unit(node: str) -> str:
+    """systemd's unit name for a device node or link (/dev/disk/by-id/...): active once
+    udev has announced the device with that link."""
+    return path_unit(node, "device")
+
+
+def device_paths(spec) -> list[str]:
+    """The device paths the spec names for cache `spec` (what restore waits for). A
+    loop-backed image has none: restore attaches it itself."""
+    return sorted({ref.path for ref in spec.devices().values() if ref.path})
 
 
 def hotcache_program() -> str:
@@ -51,19 +77,20 @@ def hotcache_program() -> str:
 
 
 def unit_text(cache: str, mountpoint: str, state: Path, fstab: Path,
-              program: str | None = None) -> str:
+              program: str | None = None, *, devices: list[str] = ()) -> str:
     from hotcache.provision.system.units import command
 
     mount = mount_unit(mountpoint)
+    waits = " ".join(device_unit(d) for d in devices)
+    wait_lines = f"Wants={waits}\nAfter={waits}\n" if waits else ""
     start = command(program or hotcache_program(), "restore", cache, "--yes",
                     "--state", str(state), "--fstab", str(fstab))
     return f"""# Written by hotcache apply; removed by hotcache teardown.
 [Unit]
 Description=hotcache: restore block cache {cache} (tables, registration, tunables)
 DefaultDependencies=no
-After=systemd-udev-settle.service systemd-remount-fs.service local-fs-pre.target
-Wants=systemd-udev-settle.service
-Before={mount} local-fs.target
+After=systemd-remount-fs.service local-fs-pre.target
+{wait_lines}Before={mount} local-fs.target
 
 [Service]
 Type=oneshot
@@ -80,7 +107,7 @@ def plan_unit(p, spec) -> None:
     directory = unit_dir()
     unit = directory / unit_name(spec.name)
     want = unit_text(spec.name, spec.filesystem.mountpoint, p.env.state.absolute(),
-                     p.env.fstab.absolute())
+                     p.env.fstab.absolute(), devices=device_paths(spec))
     wants = directory / "local-fs.target.wants" / unit.name
     try:
         current = unit.read_text()

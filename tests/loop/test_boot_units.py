@@ -77,3 +77,27 @@ def test_unit_arguments_are_quoted_by_systemds_rules(tmp_path):
     with pytest.raises(UsageError):
         bootunit.unit_text("c1", "/mnt/hot", Path("/etc/evil\nExecStartPost=/bin/sh"),
                           Path("/etc/fstab"))
+
+
+def test_restore_unit_passes_systemd_analyze_verify(tmp_path):
+    """systemd itself reads the unit apply writes (device units escaped as systemd names
+    them, ExecStart quoted), and finds nothing wrong; a unit with a mangled dependency
+    fails the same check, so the check can fail."""
+    program = units.trusted_program(Path(sys.executable).parent / "hotcache",
+                                    Path(bootunit.__file__).parents[1])
+    text = bootunit.unit_text("c1", "/mnt/hot data", Path("/etc/hotcache/mappings.yaml"),
+                              Path("/etc/fstab"), program,
+                              devices=["/dev/disk/by-id/virtio-hdd-part1",
+                                       "/dev/disk/by-id/wwn-0x5000c500a1b2c3d4"])
+    assert "Wants=dev-disk-by\\x2did-virtio\\x2dhdd\\x2dpart1.device " in text
+
+    def verify(body: str) -> subprocess.CompletedProcess:
+        unit = tmp_path / bootunit.unit_name("c1")
+        unit.write_text(body)
+        return subprocess.run(["systemd-analyze", "verify", str(unit)], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+
+    ok = verify(text)
+    assert ok.returncode == 0 and not ok.stderr.strip(), ok.stderr
+    bad = verify(text.replace("Wants=dev-disk", "Wants=dev disk/by-id"))
+    assert "Failed to add dependency" in bad.stderr, bad.stderr

@@ -83,7 +83,7 @@ class FakeHost(Host):
     def __init__(self, root: Path):
         super().__init__(FakeRunner(self), root)
         for d in ("sys/class/block", "sys/fs/bcache", "dev/disk/by-id", "dev/mapper",
-                  "dev/bcache/by-uuid", "run/udev/data", "proc/self", "etc"):
+                  "dev/bcache/by-uuid", "proc/self", "etc"):
             (root / d).mkdir(parents=True, exist_ok=True)
         (root / "proc/self/mountinfo").write_text(MOUNTINFO)
         (root / "dev/mapper/control").touch()
@@ -94,10 +94,14 @@ class FakeHost(Host):
         self.pvs: dict[str, str] = {}       # node -> vg
         self.pv_uuids: dict[str, str] = {}  # node -> PV UUID (pvs -o pv_uuid)
         self.missing: set[str] = set()      # programs not installed
+        self.udev: dict[str, dict] = {}     # kernel name -> udev's properties
         self._minor = 0
 
     def which(self, program: str) -> str | None:
         return None if program in self.missing else f"/usr/sbin/{program}"
+
+    def udev_properties(self, name: str) -> dict[str, str]:
+        return dict(self.udev.get(name, {}))
 
     def env(self, tmp_path: Path) -> Env:
         return Env(self.runner, tmp_path / "mappings.yaml", tmp_path / "fstab", host=self)

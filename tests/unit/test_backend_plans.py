@@ -84,7 +84,8 @@ def recorded(fake, backend: str, backend_state: dict, target: str, *, state: str
     units = bootunit.unit_dir()
     (units / "local-fs.target.wants").mkdir(parents=True)
     unit = units / bootunit.unit_name("c1")
-    unit.write_text(bootunit.unit_text("c1", MP, env.state.absolute(), env.fstab.absolute()))
+    unit.write_text(bootunit.unit_text("c1", MP, env.state.absolute(), env.fstab.absolute(),
+                                       devices=bootunit.device_paths(s)))
     (units / "local-fs.target.wants" / unit.name).symlink_to(unit)
     if mounted:
         fake.mount(target, MP, "noatime", "nosuid", "nodev")

@@ -2,12 +2,55 @@
 
 from __future__ import annotations
 
+import subprocess
+
+import pytest
+
 from hotcache.provision.engine import bootunit
+
+# Paths whose unit names exercise every escaping rule: dashes, spaces, colons and dots
+# (kept), a leading dot, bytes outside ASCII, a trailing slash, the root.
+PATHS = ["/dev/disk/by-id/virtio-ssd", "/dev/disk/by-id/ata-Foo_Bar-1.0:x", "/dev/vdb",
+         "/dev/disk/by-path/pci-0000:00:05.0-scsi-0:0:0:0", "/dev/disk/by-id/wwn-0x5 \u00fc",
+         "/dev/.hidden", "/.x", "/mnt/hot-data/x y/", "/", "//dev//vdb/"]
 
 
 def test_mount_unit_names_match_systemd_escape():
     assert bootunit.mount_unit("/mnt/hot") == "mnt-hot.mount"
     assert bootunit.mount_unit("/mnt/hot-data/x y/") == "mnt-hot\\x2ddata-x\\x20y.mount"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("suffix", ["device", "mount"])
+def test_unit_names_are_what_systemd_escape_prints(path, suffix):
+    want = subprocess.run(["systemd-escape", "--path", f"--suffix={suffix}", path],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert bootunit.path_unit(path, suffix) == want
+
+
+def test_unit_waits_for_its_devices_not_for_udev_settle(tmp_path):
+    devices = ["/dev/disk/by-id/virtio-hdd-part1", "/dev/disk/by-id/virtio-ssd"]
+    text = bootunit.unit_text("c1", "/mnt/hot", tmp_path / "m.yaml", tmp_path / "fstab",
+                              devices=devices)
+    want = "dev-disk-by\\x2did-virtio\\x2dhdd\\x2dpart1.device dev-disk-by\\x2did-virtio\\x2dssd.device"
+    assert f"Wants={want}\n" in text and f"After={want}\n" in text
+    assert "udev-settle" not in text
+    # systemd reads each name back to the device path the spec names
+    for name, path in zip(want.split(), devices):
+        back = subprocess.run(["systemd-escape", "--unescape", "--path",
+                               name.removesuffix(".device")], capture_output=True, text=True)
+        assert back.stdout.strip() == path, back.stderr
+
+
+def test_unit_of_a_loop_image_cache_waits_for_no_device():
+    from hotcache.provision.engine.spec import CacheSpec
+
+    spec = CacheSpec.model_validate({
+        "name": "c1", "backend": "dm-cache",
+        "origin": "/dev/disk/by-id/virtio-hdd",
+        "cache": {"loop": {"file": "/var/lib/hotcache/ssd.img", "size": "1G"}},
+        "filesystem": {"mountpoint": "/mnt/hot"}})
+    assert bootunit.device_paths(spec) == ["/dev/disk/by-id/virtio-hdd"]
 
 
 def test_unit_runs_restore_before_the_mount(tmp_path):

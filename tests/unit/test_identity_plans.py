@@ -300,3 +300,40 @@ def test_lvmcache_pv_whose_uuid_differs_is_refused_by_restore_and_teardown(host,
     monkeypatch.setattr(lvmcache, "pv_vg", lambda runner, node: "hc_c1")
     plan = plan_teardown("c1", env, wipe=True)
     assert ["wipefs", "--all", "/dev/vda"] in argvs(plan)
+
+
+# --- udev's properties ----------------------------------------------------------------
+
+def test_udev_properties_name_the_device_before_sysfs(host):
+    """WWN, serial and partition UUID come from udev's properties (the host's
+    udev_properties), sysfs's serial only where udev has none; a recorded WWN that
+    udev now reports differently proves another disk."""
+    from hotcache.provision.block import identity
+
+    host.disk("vdb", "sysfs-serial", 64)
+    assert identity.hardware("vdb", host)[1] == {"serial": "sysfs-serial"}
+    host.udev["vdb"] = {"ID_SERIAL_SHORT": "udev-serial", "ID_WWN": "0x5000c500a1b2c3d4",
+                        "ID_PART_ENTRY_UUID": "0a1b2c3d-01"}
+    seen = identity.probe("vdb", host, signatures=False)
+    assert seen.identity == {"serial": "udev-serial", "wwn": "0x5000c500a1b2c3d4",
+                             "partuuid": "0a1b2c3d-01"}
+    recorded = {"size": 64 * 2**20, "identity": {"wwn": "0x5000c500ffffffff"}}
+    assert identity.compare(recorded, seen).conflicts == \
+        ["wwn 0x5000c500a1b2c3d4, recorded 0x5000c500ffffffff"]
+
+
+def test_a_real_hosts_udev_properties_come_through_libudev():
+    """On the machine itself, pyudev (libudev) answers for every block device: the
+    properties name the device and its device number as sysfs does."""
+    import os
+
+    from hotcache.provision.block.host import Host
+
+    real = Host()
+    names = sorted(os.listdir("/sys/class/block"))
+    assert names, "no block device on this machine"
+    for name in names[:4]:
+        props = real.udev_properties(name)
+        dev = open(f"/sys/class/block/{name}/dev").read().strip()
+        assert props["DEVNAME"] == f"/dev/{name}" and f"{props['MAJOR']}:{props['MINOR']}" == dev
+    assert real.udev_properties("no-such-device") == {}
