@@ -19,6 +19,7 @@ class ExitCode:
     MISSING_TOOL = 7    # a program or kernel feature this host lacks
     TIMEOUT = 8         # a bounded wait (flush, device to appear) ran out
     UNHEALTHY = 9       # doctor: the host has problems (each printed with its fix)
+    OS_ERROR = 10       # the operating system refused a call (permission, full disk, I/O)
 
 
 class HotcacheError(Exception):
@@ -107,6 +108,46 @@ class NotRoot(HotcacheError):
             f"`hotcache {command}` changes block devices and mounts, so it must run as root",
             hint=f"sudo hotcache {command} ...",
         )
+
+
+class OsFailure(HotcacheError):
+    """An operating-system call failed where no more particular error was raised: a
+    file that cannot be read or written, a full or read-only filesystem, an I/O error.
+    `from_os_error` turns the OSError into a message that names the path and the fix."""
+
+    exit_code = ExitCode.OS_ERROR
+
+    def __init__(self, message: str, *, hint: str | None = None, errno_name: str | None = None,
+                 path: str | None = None):
+        super().__init__(message, hint=hint)
+        self.errno_name, self.path = errno_name, path
+
+    @classmethod
+    def from_os_error(cls, exc: OSError) -> "OsFailure":
+        import errno
+
+        name = errno.errorcode.get(exc.errno or 0)
+        paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+        what = exc.strerror or str(exc)
+        hints = {
+            "EACCES": "run it as root, or give this user access to the path",
+            "EPERM": "run it as root, or give this user access to the path",
+            "ENOSPC": "free space on that filesystem (`hotcache prune`) and run it again",
+            "EDQUOT": "free space on that filesystem (`hotcache prune`) and run it again",
+            "EROFS": "the filesystem is mounted read-only: remount it read-write or pick "
+                     "another path",
+            "EIO": "the device returned an I/O error: check `dmesg` and `hotcache doctor`",
+            "ENOENT": "check the path and run it again",
+            "EEXIST": "something is in the way of that path: move it or pick another path",
+            "ENOTDIR": "something is in the way of that path: move it or pick another path",
+        }
+        what = f"{what} ({name})" if name else what
+        return cls(f"{what}: {' -> '.join(paths)}" if paths else what,
+                   hint=hints.get(name or "", "fix the cause and run the same command again"),
+                   errno_name=name, path=paths[0] if paths else None)
+
+    def to_json(self) -> dict:
+        return {**super().to_json(), "errno": self.errno_name, "path": self.path}
 
 
 class DriftError(HotcacheError):

@@ -10,15 +10,17 @@ from typer.exceptions import TyperException
 
 from hotcache.provision.cli import cache, commands, copies, kube, observe
 from hotcache.provision.cli.common import emit
-from hotcache.provision.errors import ExitCode, HotcacheError
+from hotcache.provision.errors import ExitCode, HotcacheError, OsFailure
+
+HELP = {"help_option_names": ["-h", "--help"]}
 
 app = typer.Typer(
     help="SSD caches in front of HDD arrays, verified hot copies of datasets, and the "
          "numbers that tell whether training waits for data.\n\n"
          "Typical flow: `hotcache devices` to see the disks, write a host spec (see "
          "examples/), `hotcache plan SPEC`, `hotcache apply SPEC`, `hotcache status`.",
-    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-    rich_markup_mode=None,
+    no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
+    rich_markup_mode=None, context_settings=HELP,
 )
 
 
@@ -40,14 +42,22 @@ for _module in (commands, copies, cache, observe, kube):
     _module.register(app)
 
 
+def fail(err: HotcacheError) -> None:
+    """Report an error the one way: its message (and next step) on stderr, under --json
+    also a document of kind "error" on stdout, and its exit code from errors.ExitCode."""
+    if "--json" in sys.argv:
+        emit(err.to_json(), "error")
+    sys.stderr.write(f"hotcache: {err}\n")
+    sys.exit(err.exit_code)
+
+
 def main() -> None:
     try:
-        rc = app(standalone_mode=False)
+        rc = app(standalone_mode=False, prog_name="hotcache")
     except HotcacheError as err:
-        if "--json" in sys.argv:
-            emit(err.to_json())
-        sys.stderr.write(f"hotcache: {err}\n")
-        sys.exit(err.exit_code)
+        fail(err)
+    except OSError as exc:      # not foreseen where it happened: no traceback, the fix
+        fail(OsFailure.from_os_error(exc))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.Abort:

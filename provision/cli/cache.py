@@ -7,8 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from hotcache.provision.cli.common import (FstabOpt, JsonOpt, StateOpt, YesOpt, carry_out,
-                                           holding_state, make_env, need_root)
+from hotcache.provision.cli.common import (DryRunOpt, FstabOpt, JsonOpt, StateOpt, YesOpt,
+                                           carry_out, holding_state, make_env, need_root)
 
 
 def register(app: typer.Typer) -> None:
@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
 
 def restore(
     names: Optional[List[str]] = typer.Argument(None, help="Caches to restore (default: all)."),
-    yes: bool = YesOpt, as_json: bool = JsonOpt,
+    yes: bool = YesOpt, dry_run: bool = DryRunOpt, as_json: bool = JsonOpt,
     state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
 ):
     """Bring the caches in the mapping back after a boot: recreate dm-cache tables,
@@ -27,7 +27,7 @@ def restore(
     from hotcache.provision.engine.restore import plan_restore
 
     need_root("restore")
-    env = make_env(state, fstab)
+    env = make_env(state, fstab, dry_run=dry_run)
     with holding_state(env, f"restore {' '.join(names or [])}".strip()):
         carry_out(plan_restore(env, names or None), env, "restore", yes=yes,
-                  as_json=as_json, done="run; caches restored")
+                  as_json=as_json, done="run; caches restored", dry_run=dry_run)

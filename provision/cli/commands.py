@@ -9,9 +9,10 @@ from typing import List, Optional
 
 import typer
 
-from hotcache.provision.cli.common import (FstabOpt, JsonOpt, StateOpt, YesOpt, carry_out,
-                                           confirm, console, emit, holding_state, make_env,
-                                           need_root, run_steps, show_plan)
+from hotcache.provision.cli.common import (DryRunOpt, FstabOpt, JsonOpt, StateOpt, YesOpt,
+                                           carry_out, confirm, console, dry_run_report, emit,
+                                           holding_state, make_env, need_root, run_steps,
+                                           show_plan)
 from hotcache.provision.errors import ExitCode
 from hotcache.provision.system.sizes import size
 
@@ -29,7 +30,7 @@ def devices(
     if backends:
         rows = backend_report()
         if as_json:
-            return emit({"backends": rows})
+            return emit({"backends": rows}, "backends")
         c = console()
         for r in rows:
             state = "[green]available[/]" if r["available"] else f"[red]unavailable[/]: {r['why']}"
@@ -37,7 +38,7 @@ def devices(
         return
     rows = discover(include_empty_loops=all_)
     if as_json:
-        return emit({"devices": rows, "root": os.geteuid() == 0})
+        return emit({"devices": rows, "root": os.geteuid() == 0}, "devices")
     from rich.table import Table
 
     table = Table("device", "size", "kind", "model / serial", "by-id", "signatures",
@@ -62,7 +63,8 @@ def plan(
                                             "each cache's fast tier (repeatable)."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
 ):
-    """Show what `apply` would do: each step with the exact command it runs. Changes nothing.
+    """Show what `apply` would do: each step with the exact command it runs. Changes nothing
+    (the same as `hotcache apply SPEC --dry-run`).
 
     With --dataset PATH, also say whether that dataset fits each cache's fast tier with
     the 1.2-1.5x margin, without margin, or not at all (then a block cache thrashes: pin
@@ -85,27 +87,28 @@ def plan(
         sizing = plan_advice(host, [d.resolve() for d in dataset])
         result.notes += [f"sizing: {a['message']}" for a in sizing]
     if as_json:
-        return emit({**result.to_json(), **({"sizing": sizing} if dataset else {})})
+        return emit({**result.to_json(), **({"sizing": sizing} if dataset else {})}, "plan")
     show_plan(result, "plan")
 
 
 def apply(
     spec: Path = typer.Argument(..., help="Host spec (YAML)."),
-    yes: bool = YesOpt, as_json: bool = JsonOpt,
+    yes: bool = YesOpt, dry_run: bool = DryRunOpt, as_json: bool = JsonOpt,
     state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
 ):
     """Make the host match the spec. Idempotent: a second apply changes nothing, and an
     interrupted apply finishes when run again. Devices with existing signatures are
-    refused unless the spec says `wipe: true` for them."""
+    refused unless the spec says `wipe: true` for them. --dry-run shows the plan (as
+    `hotcache plan SPEC` does) and changes nothing."""
     from hotcache.provision.engine.apply import plan_apply
     from hotcache.provision.engine.spec import load_spec
 
     host = load_spec(spec)
     need_root("apply")
-    env = make_env(state, fstab)
+    env = make_env(state, fstab, dry_run=dry_run)
     with holding_state(env, f"apply {spec}"):
         carry_out(plan_apply(host, env), env, "apply", yes=yes, as_json=as_json,
-                  done="applied; `hotcache status` shows the result")
+                  done="applied; `hotcache status` shows the result", dry_run=dry_run)
 
 
 def status(
@@ -156,7 +159,7 @@ def status(
 
         write_labels(node_labels, rows, path)
     if as_json:
-        emit({"state": str(path), "caches": rows, "ok": not drift})
+        emit({"state": str(path), "caches": rows, "ok": not drift}, "status")
     else:
         c = console()
         if not rows:
@@ -211,7 +214,8 @@ def teardown(
     remove_images: bool = typer.Option(False, "--remove-images",
                                        help="Delete the image files of a loop-backed cache "
                                             "(and the data on them) once detached."),
-    as_json: bool = JsonOpt, state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
+    dry_run: bool = DryRunOpt, as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+    fstab: Optional[Path] = FstabOpt,
 ):
     """Unmount, flush dirty cache data, dismantle the cache, remove the boot entry, detach
     loop devices and forget it in the mapping. The data stays on the origin device.
@@ -225,16 +229,18 @@ def teardown(
     from hotcache.provision.engine.teardown import plan_teardown
 
     need_root("teardown")
-    env = make_env(state, fstab)
+    env = make_env(state, fstab, dry_run=dry_run)
     with holding_state(env, f"teardown {name}"):
         result = plan_teardown(name, env, wipe=wipe, forget=forget, remove_images=remove_images)
+        if dry_run:
+            return dry_run_report(result, "teardown", as_json)
         if not as_json:
             show_plan(result, "teardown")
         what = f"forget {name}" if forget else f"take {name} down"
         confirm(f"{what} ({len(result.steps)} steps)", yes)
         run_steps(result, env, quiet=as_json)
     if as_json:
-        return emit({"changed": True, **result.to_json()})
+        return emit({"changed": True, **result.to_json()}, "teardown")
     console().print(f"[green]done[/]: {name} is " + ("forgotten" if forget else "down"))
 
 
@@ -242,7 +248,7 @@ def schema():
     """Print the JSON Schema of the host spec (for editors and CI validation)."""
     from hotcache.provision.engine.spec import json_schema
 
-    emit(json_schema())
+    emit(json_schema(), None)
 
 
 def register(app: typer.Typer) -> None:

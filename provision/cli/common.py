@@ -1,5 +1,5 @@
 """What every `hotcache` command shares: the options declared once (--json, --state,
---fstab, --yes, --unit-dir, --jobs), JSON and console output, the root check, the Env a
+--fstab, --yes, --dry-run, --unit-dir, --jobs), JSON and console output, the root check, the Env a
 command plans in (and the mapping's lock around it), and showing, confirming and running
 a plan. Only typer at import time: `hotcache --help` must start fast."""
 
@@ -26,11 +26,27 @@ FstabOpt = typer.Option(None, "--fstab", envvar="HOTCACHE_FSTAB", show_envvar=Tr
 YesOpt = typer.Option(False, "--yes", "-y", help="Do it without asking for confirmation.")
 UnitDirOpt = typer.Option(None, "--unit-dir", envvar="HOTCACHE_UNIT_DIR", show_envvar=True,
                           help="Folder of systemd units [default: /etc/systemd/system].")
+DryRunOpt = typer.Option(False, "--dry-run",
+                         help="Show what would change, each step exactly, and change nothing.")
 JobsOpt = typer.Option(0, "--jobs", "-j", min=0, show_default=False,
                        help="Parallel reader threads [default: 4 per CPU, at most 16].")
 
 
-def emit(doc) -> None:
+# The version of every --json document's layout, beside its `kind` (the command that
+# printed it). Raised only when a key is removed or changes meaning; new keys may appear
+# within one version. docs/cli.md states this contract.
+JSON_FORMAT = 1
+
+
+def emit(doc: dict, kind: str | None) -> None:
+    """Print a --json document: `kind` and `format_version` first, then `doc`'s keys in
+    the order the command built them. kind None: a document that names itself in its own
+    standard's terms (a Kubernetes List, a JSON Schema)."""
+    if kind is not None:
+        clash = {"kind", "format_version"} & doc.keys()
+        if clash:
+            raise ValueError(f"a --json document may not carry {sorted(clash)} itself")
+        doc = {"kind": kind, "format_version": JSON_FORMAT, **doc}
     sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
 
 
@@ -70,13 +86,18 @@ def make_env(state: Optional[Path], fstab_file: Optional[Path], dry_run: bool = 
     from hotcache.provision.system.runner import Runner
 
     return Env(Runner(dry_run=dry_run), state_path(state and str(state)),
-               fstab_path(fstab_file and str(fstab_file)))
+               fstab_path(fstab_file and str(fstab_file)), preview=dry_run)
 
 
 @contextlib.contextmanager
 def holding_state(env, command: str):
-    """One lock on the mapping from plan through confirmation to the last step."""
+    """One lock on the mapping from plan through confirmation to the last step (none for
+    a dry run, which writes nothing, not even the lock file)."""
     from hotcache.provision.mapping import holding
+
+    if env.preview:
+        yield
+        return
 
     def waiting(who: str) -> None:
         sys.stderr.write(f"hotcache: waiting for {who} to finish (it holds the lock on "
@@ -115,18 +136,31 @@ def show_plan(plan, title: str) -> None:
         c.print(f"{title}: no changes")
 
 
-def carry_out(result, env, title: str, *, yes: bool, as_json: bool, done: str) -> None:
+def dry_run_report(result, title: str, as_json: bool) -> None:
+    """What --dry-run prints: the plan, and nothing run."""
+    if as_json:
+        return emit({"changed": False, "dry_run": True, **result.to_json()}, title)
+    show_plan(result, title)
+    if not result.empty:
+        console().print(f"dry run: nothing was changed; run it without --dry-run to make "
+                        f"these {len(result.steps)} changes")
+
+
+def carry_out(result, env, title: str, *, yes: bool, as_json: bool, done: str,
+              dry_run: bool = False) -> None:
     """Show a plan, confirm it, run it with progress, report (apply, restore)."""
+    if dry_run:
+        return dry_run_report(result, title, as_json)
     if result.empty:
         if as_json:
-            return emit({"changed": False, **result.to_json()})
+            return emit({"changed": False, **result.to_json()}, title)
         return show_plan(result, title)
     if not as_json:
         show_plan(result, title)
     confirm(f"{title} {len(result.steps)} steps", yes)
     run_steps(result, env, quiet=as_json)
     if as_json:
-        return emit({"changed": True, **result.to_json()})
+        return emit({"changed": True, **result.to_json()}, title)
     console().print(f"[green]done[/]: {len(result.steps)} steps {done}")
 
 

@@ -8,8 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from hotcache.provision.cli.common import (JobsOpt, JsonOpt, StateOpt, console, emit,
-                                           preload)
+from hotcache.provision.cli.common import (DryRunOpt, JobsOpt, JsonOpt, StateOpt, console,
+                                           emit, preload)
 MetricsDirOpt = typer.Option(
     None, "--metrics-dir", envvar="HOTCACHE_METRICS_DIR", show_envvar=True, metavar="DIR",
     help="While running, publish bytes and files done and left as metrics in DIR (node_"
@@ -27,10 +27,6 @@ def _meter(as_json: bool, metrics_dir: Optional[Path] = None, operation: str = "
     from hotcache.provision.observe.progress import metrics_dir as where, wrap
 
     return wrap(meter, where(metrics_dir), operation, path)
-
-
-def _out():
-    return console(), emit
 
 
 def copy(
@@ -110,9 +106,9 @@ def copy(
         result = do_copy(src, dest, opts, meter)
     finally:
         meter.stop()
-    c, emit = _out()
+    c = console()
     if as_json:
-        return emit(result)
+        return emit(result, "copy")
     from hotcache.provision.system.sizes import size
 
     if not result["changed"]:
@@ -153,9 +149,9 @@ def verify(
         report = do_verify(dest, mode, sample or 0, jobs, meter, state)
     finally:
         meter.stop()
-    c, emit = _out()
+    c = console()
     if as_json:
-        emit(report)
+        emit(report, "verify")
         if not report["ok"]:
             raise typer.Exit(ExitCode.DRIFT)
         return
@@ -198,9 +194,9 @@ def warm(
                          order=order)
     finally:
         meter.stop()
-    c, emit = _out()
+    c = console()
     if as_json:
-        return emit(report)
+        return emit(report, "warm")
     from hotcache.provision.system.sizes import size
 
     last = report["passes"][-1]
@@ -224,9 +220,9 @@ def copies(
     import os
 
     rows = find([Path(os.path.abspath(r)) for r in roots or []], state)
-    c, emit = _out()
+    c = console()
     if as_json:
-        return emit({"copies": rows})
+        return emit({"copies": rows}, "copies")
     if not rows:
         return c.print("no hot copies found; `hotcache copy SRC DEST` makes one")
     from rich.table import Table
@@ -258,6 +254,8 @@ def prune(
                                                help="tf.data caches no pipeline used for "
                                                     "this long are pruned."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Delete (default: only list)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only list, even with --yes "
+                                 "(what prune does without --yes)."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
 ):
     """Remove what the fast tier no longer needs: old versions of hot copies beyond
@@ -270,6 +268,7 @@ def prune(
     from hotcache.provision.hotcopy import prune as p
     from hotcache.provision.system.sizes import size
 
+    yes = yes and not dry_run
     if tf_cache and keep_keys is None and older_than is None:
         raise UsageError("--tf-cache needs --keep-keys FILE or --older-than DAYS",
                          hint="say which caches are stale: a list of current keys, or an age")
@@ -290,13 +289,13 @@ def prune(
     if yes:
         for c in doomed:
             p.remove(c)
-    c_, emit = _out()
+    c_ = console()
     total = sum(c.bytes for c in doomed)
     if as_json:
         return emit({"dry_run": not yes, "roots": [str(w) for w in where],
                      "candidates": [c.to_dict() for c in doomed],
                      "kept_busy": [c.to_dict() for c in found if c.busy],
-                     "bytes": total, "freed_bytes": total if yes else 0})
+                     "bytes": total, "freed_bytes": total if yes else 0}, "prune")
     verb = "removed" if yes else "would remove"
     for c in doomed:
         c_.print(f"{verb} {c.path} ({size(c.bytes)}): {c.why}", soft_wrap=True)

@@ -31,85 +31,86 @@ def _host(state: Optional[Path], fstab: Optional[Path]):
     return host_status(path, fstab, Runner(), None), load(path)["caches"], path
 
 
+def labels(
+    write: Optional[Path] = typer.Option(
+        None, "--write", metavar="FILE",
+        help="Write the feature file to FILE atomically instead of printing it, e.g. "
+             "/etc/kubernetes/node-feature-discovery/features.d/hotcache."),
+    expiry: int = typer.Option(600, "--expiry", min=60, metavar="SECONDS",
+                               help="nfd-worker ignores the file this long after it "
+                                    "was written unless it is refreshed."),
+    as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+    fstab: Optional[Path] = FstabOpt,
+):
+    """The node labels for this host, as a node-feature-discovery local feature file:
+    `ds-<dataset>_<version>=verified` for each verified hot copy and
+    `cache-<name>=<backend>` (plus `.mode`) for each cache that is up, under
+    hotcache.feature.node.kubernetes.io/. A copy that fails verification or is
+    removed is left out, so its label goes at the next refresh."""
+    from hotcache.provision.observe import nodelabels
+
+    rows, caches, _ = _host(state, fstab)
+    found = nodelabels.labels(rows, caches)
+    text = nodelabels.feature_file(found, expiry_seconds=expiry)
+    if write is not None:
+        from hotcache.provision.system.atomic import write_atomic
+
+        write_atomic(write, text)
+    if as_json:
+        return emit({"labels": found, "file": str(write) if write else None,
+                     "expiry_seconds": expiry}, "kube-labels")
+    if write is None:
+        sys.stdout.write(text)
+    else:
+        sys.stdout.write(f"wrote {len(found)} label(s) to {write}\n")
+
+def manifests(
+    dataset: Optional[str] = typer.Option(None, "--dataset",
+                                          help="Only this dataset [default: every "
+                                               "verified hot copy]."),
+    node: Optional[str] = typer.Option(None, "--node", help="Kubernetes node name "
+                                       "[default: the host name in lower case]."),
+    namespace: str = typer.Option("default", "--namespace", "-n",
+                                  help="Namespace of the claims and Jobs."),
+    image: str = typer.Option("hotcache-train:latest", "--image",
+                              help="Training image (see examples/Dockerfile)."),
+    uid: int = typer.Option(1000, "--uid", help="User id the job runs as (not 0)."),
+    gid: int = typer.Option(1000, "--gid", help="Group id the job runs as."),
+    shm: str = typer.Option("8Gi", "--shm-size",
+                            help="Shared memory for DataLoader workers (an in-memory "
+                                 "emptyDir at /dev/shm)."),
+    storage_class: str = typer.Option("hotcache-local", "--storage-class",
+                                      help="Name of the StorageClass."),
+    mount_mapping: bool = typer.Option(
+        False, "--mount-mapping", help="Mount the mapping's folder read-only into the "
+        "Job (a hostPath volume) so that data_root() can warn when the host rebuilt the "
+        "cache under a running pod."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON `List` object "
+                                 "(kubectl takes it too) instead of YAML."),
+    state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
+):
+    """Print Kubernetes objects for this host's verified hot copies, for `kubectl apply
+    -f -`: a StorageClass (no provisioner, WaitForFirstConsumer), one local
+    PersistentVolume per copy bound to this node, and per dataset version a claim and
+    an example Job that requires the copy's node label, mounts it read-only at /data
+    and sets DATA_ROOT=/data DATA_ROOT_EXPECT=hot. The Job's pod logs the data_root
+    line (`hot=yes ...`); put the training command in its place."""
+    from hotcache.provision.observe import kube
+
+    rows, caches, path = _host(state, fstab)
+    docs = kube.manifests(rows, caches, node=node, dataset=dataset, namespace=namespace,
+                          image=image, uid=uid, gid=gid, shm=shm, sc=storage_class,
+                          mapping=str(path.absolute()) if mount_mapping else None)
+    if len(docs) == 1:
+        sys.stderr.write(f"note: no verified hot copy on a mounted cache of {path}; only "
+                         "the StorageClass was printed. `hotcache copy SRC DEST --verify` "
+                         "makes one\n")
+    if as_json:
+        return emit({"apiVersion": "v1", "kind": "List", "items": docs}, None)
+    sys.stdout.write(kube.to_yaml(docs))
+
+
 def register(app) -> None:
+    kube_app.command("labels")(labels)
+    kube_app.command("manifests")(manifests)
     app.add_typer(kube_app, name="kube")
-
-    @kube_app.command("labels")
-    def labels(
-        write: Optional[Path] = typer.Option(
-            None, "--write", metavar="FILE",
-            help="Write the feature file to FILE atomically instead of printing it, e.g. "
-                 "/etc/kubernetes/node-feature-discovery/features.d/hotcache."),
-        expiry: int = typer.Option(600, "--expiry", min=60, metavar="SECONDS",
-                                   help="nfd-worker ignores the file this long after it "
-                                        "was written unless it is refreshed."),
-        as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
-        fstab: Optional[Path] = FstabOpt,
-    ):
-        """The node labels for this host, as a node-feature-discovery local feature file:
-        `ds-<dataset>_<version>=verified` for each verified hot copy and
-        `cache-<name>=<backend>` (plus `.mode`) for each cache that is up, under
-        hotcache.feature.node.kubernetes.io/. A copy that fails verification or is
-        removed is left out, so its label goes at the next refresh."""
-        from hotcache.provision.observe import nodelabels
-
-        rows, caches, _ = _host(state, fstab)
-        found = nodelabels.labels(rows, caches)
-        text = nodelabels.feature_file(found, expiry_seconds=expiry)
-        if write is not None:
-            from hotcache.provision.system.atomic import write_atomic
-
-            write_atomic(write, text)
-        if as_json:
-            return emit({"labels": found, "file": str(write) if write else None,
-                         "expiry_seconds": expiry})
-        if write is None:
-            sys.stdout.write(text)
-        else:
-            sys.stdout.write(f"wrote {len(found)} label(s) to {write}\n")
-
-    @kube_app.command("manifests")
-    def manifests(
-        dataset: Optional[str] = typer.Option(None, "--dataset",
-                                              help="Only this dataset [default: every "
-                                                   "verified hot copy]."),
-        node: Optional[str] = typer.Option(None, "--node", help="Kubernetes node name "
-                                           "[default: the host name in lower case]."),
-        namespace: str = typer.Option("default", "--namespace", "-n",
-                                      help="Namespace of the claims and Jobs."),
-        image: str = typer.Option("hotcache-train:latest", "--image",
-                                  help="Training image (see examples/Dockerfile)."),
-        uid: int = typer.Option(1000, "--uid", help="User id the job runs as (not 0)."),
-        gid: int = typer.Option(1000, "--gid", help="Group id the job runs as."),
-        shm: str = typer.Option("8Gi", "--shm-size",
-                                help="Shared memory for DataLoader workers (an in-memory "
-                                     "emptyDir at /dev/shm)."),
-        storage_class: str = typer.Option("hotcache-local", "--storage-class",
-                                          help="Name of the StorageClass."),
-        mount_mapping: bool = typer.Option(
-            False, "--mount-mapping", help="Mount the mapping's folder read-only into the "
-            "Job (a hostPath volume) so that data_root() can warn when the host rebuilt the "
-            "cache under a running pod."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON `List` object "
-                                     "(kubectl takes it too) instead of YAML."),
-        state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
-    ):
-        """Print Kubernetes objects for this host's verified hot copies, for `kubectl apply
-        -f -`: a StorageClass (no provisioner, WaitForFirstConsumer), one local
-        PersistentVolume per copy bound to this node, and per dataset version a claim and
-        an example Job that requires the copy's node label, mounts it read-only at /data
-        and sets DATA_ROOT=/data DATA_ROOT_EXPECT=hot. The Job's pod logs the data_root
-        line (`hot=yes ...`); put the training command in its place."""
-        from hotcache.provision.observe import kube
-
-        rows, caches, path = _host(state, fstab)
-        docs = kube.manifests(rows, caches, node=node, dataset=dataset, namespace=namespace,
-                              image=image, uid=uid, gid=gid, shm=shm, sc=storage_class,
-                              mapping=str(path.absolute()) if mount_mapping else None)
-        if len(docs) == 1:
-            sys.stderr.write(f"note: no verified hot copy on a mounted cache of {path}; only "
-                             "the StorageClass was printed. `hotcache copy SRC DEST --verify` "
-                             "makes one\n")
-        if as_json:
-            return emit({"apiVersion": "v1", "kind": "List", "items": docs})
-        sys.stdout.write(kube.to_yaml(docs))

@@ -33,6 +33,7 @@ from hotcache.provision.engine.spec import (CacheSpec, DeviceRef, HostSpec,
                                             without_wipe)
 
 FSTYPE = "xfs"
+NEW_FS_UUID = "NEW-UUID"     # in a plan only shown (dry run): the UUID apply will draw
 
 
 @dataclass
@@ -43,6 +44,9 @@ class Env:
     # Every read of the machine while planning goes through it (the real host on
     # `runner`, unless a test hands a fake one).
     host: Host = None  # type: ignore[assignment]
+    # A plan only shown (`plan`, `--dry-run`): nothing is drawn at random, so two plans of
+    # the same spec on the same host are the same.
+    preview: bool = False
 
     def __post_init__(self) -> None:
         if self.host is None:
@@ -335,8 +339,13 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None) -> None:
     if p.refusals:
         return
 
-    fs_uuid = ((entry and entry.filesystem.uuid)
-               or backend.adopted_fs_uuid(devs) or str(uuid.uuid4()))
+    fs_uuid = (entry and entry.filesystem.uuid) or backend.adopted_fs_uuid(devs)
+    if fs_uuid is None and p.env.preview:
+        fs_uuid = NEW_FS_UUID
+        p.plan.notes.append(f"{spec.name}: {NEW_FS_UUID} stands for the filesystem UUID "
+                            "that apply draws (at random) when it runs")
+    elif fs_uuid is None:
+        fs_uuid = str(uuid.uuid4())
     building = entry is None or entry.state != "ready"
     if building:
         p.do(f"record {spec.name} in the mapping as building (filesystem UUID {fs_uuid})",

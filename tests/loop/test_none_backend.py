@@ -401,3 +401,38 @@ def test_another_file_at_a_kept_image_path_is_refused(sandbox, replacement):
         assert "Traceback" not in proc.stderr
     assert hashlib.sha256(img.read_bytes()).hexdigest() == before
     assert loops_under(sandbox) == [] and mounts_under(sandbox) == []
+
+
+def test_dry_run_changes_nothing_and_plans_are_stable(sandbox):
+    """plan --json twice: the same bytes (no UUID drawn for a plan only shown); apply,
+    teardown and restore with --dry-run print that plan, marked dry_run, and leave no
+    image, loop device, mount, mapping, fstab line or lock behind; once built, status
+    --json is the same twice too."""
+    spec = sandbox / "spec.yaml"
+    spec.write_text(loop_spec(sandbox))
+    first, second = hotcache("plan", spec, "--json"), hotcache("plan", spec, "--json")
+    assert first.returncode == 0 and first.stdout == second.stdout, first.stderr
+    planned = json.loads(first.stdout)
+    assert planned["kind"] == "plan" and planned["format_version"] == 1
+    assert "NEW-UUID" in " ".join(s["summary"] for s in planned["steps"])
+    rc, dry = hotcache_json("apply", spec, "--dry-run")
+    assert rc == 0 and (dry["kind"], dry["dry_run"], dry["changed"]) == ("apply", True, False)
+    assert dry["steps"] == planned["steps"]
+    assert sorted(p.name for p in sandbox.iterdir()) == ["mnt", "spec.yaml"]
+    assert not (sandbox / "hot.img").exists() and not loops_under(sandbox)
+    assert not Path(os.environ["HOTCACHE_STATE"]).parent.exists()
+
+    hotcache("apply", spec, "--yes", check=True)
+    before = (Path(os.environ["HOTCACHE_STATE"]).read_bytes(),
+              Path(os.environ["HOTCACHE_FSTAB"]).read_bytes(), mounts_under(sandbox))
+    a, b = hotcache("status", "--json"), hotcache("status", "--json")
+    assert a.stdout == b.stdout and json.loads(a.stdout)["kind"] == "status"
+    for argv, kind in ((["teardown", "hot", "--dry-run"], "teardown"),
+                       (["restore", "--dry-run"], "restore")):
+        rc, doc = hotcache_json(*argv)
+        assert rc == 0 and (doc["kind"], doc["dry_run"]) == (kind, True), doc
+    rc, doc = hotcache_json("teardown", "hot", "--dry-run")
+    assert doc["steps"] and "unmount" in doc["steps"][0]["summary"]
+    assert (Path(os.environ["HOTCACHE_STATE"]).read_bytes(),
+            Path(os.environ["HOTCACHE_FSTAB"]).read_bytes(), mounts_under(sandbox)) == before
+    hotcache("teardown", "hot", "--yes", check=True)

@@ -188,7 +188,8 @@ def test_cli_labels_prints_writes_and_reports(host, tmp_path):
     target = tmp_path / "features.d" / "hotcache"
     proc = hotcache("kube", "labels", "--state", state, "--write", target, "--json", "--expiry", "120")
     doc = json.loads(proc.stdout)
-    assert doc == {"labels": {}, "file": str(target), "expiry_seconds": 120}
+    assert doc == {"kind": "kube-labels", "format_version": 1, "labels": {},
+                   "file": str(target), "expiry_seconds": 120}
     assert kubecheck.expiry_of(target.read_text()) > dt.datetime.now(dt.timezone.utc)
     bad = hotcache("kube", "labels", "--state", state, "--expiry", "5")
     assert bad.returncode == 2 and not bad.stdout
