@@ -102,3 +102,157 @@ def node_matches(labels: dict[str, str], expressions: list[dict]) -> bool:
         else:
             raise AssertionError(f"operator {e['operator']} not modelled here")
     return True
+
+
+# --- Pod Security Standards -------------------------------------------------------------
+# The "restricted" profile (which includes "baseline") as kubernetes.io/docs/concepts/
+# security/pod-security-standards/ states it for the pinned release: each control its own
+# check, over the pod spec of any object that carries one (Pod, Job, CronJob, Deployment,
+# ...). Objects without a pod spec pass every control.
+
+BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL",
+                         "MKNOD", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP",
+                         "SETUID", "SYS_CHROOT"}
+SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range",
+                "net.ipv4.ip_unprivileged_port_start", "net.ipv4.tcp_syncookies",
+                "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout",
+                "net.ipv4.tcp_keepalive_intvl", "net.ipv4.tcp_keepalive_probes"}
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret"}
+SELINUX_TYPES = {None, "container_t", "container_init_t", "container_kvm_t",
+                 "container_engine_t"}
+
+
+def pod_spec(doc: dict) -> dict | None:
+    if doc["kind"] == "Pod":
+        return doc["spec"]
+    spec = doc.get("spec") or {}
+    if doc["kind"] == "CronJob":
+        spec = spec.get("jobTemplate", {}).get("spec", {})
+    return (spec.get("template") or {}).get("spec")
+
+
+def _containers(pod: dict) -> list[dict]:
+    return [*pod.get("containers", []), *pod.get("initContainers", []),
+            *pod.get("ephemeralContainers", [])]
+
+
+def _contexts(pod: dict) -> list[dict]:
+    """The pod's security context and every container's (empty where unset)."""
+    return [pod.get("securityContext") or {},
+            *[c.get("securityContext") or {} for c in _containers(pod)]]
+
+
+def _ok(pod, rule) -> list[str]:
+    return [] if pod is None else rule(pod)
+
+
+def host_process(pod) -> list[str]:
+    return [f"windowsOptions.hostProcess in {c}" for c in _contexts(pod)
+            if (c.get("windowsOptions") or {}).get("hostProcess")]
+
+
+def host_namespaces(pod) -> list[str]:
+    return [k for k in ("hostNetwork", "hostPID", "hostIPC") if pod.get(k)]
+
+
+def privileged(pod) -> list[str]:
+    return [c["name"] for c in _containers(pod)
+            if (c.get("securityContext") or {}).get("privileged")]
+
+
+def host_path_volumes(pod) -> list[str]:
+    return [v["name"] for v in pod.get("volumes", []) if "hostPath" in v]
+
+
+def host_ports(pod) -> list[str]:
+    return [f"{c['name']}:{p['hostPort']}" for c in _containers(pod)
+            for p in c.get("ports", []) if p.get("hostPort")]
+
+
+def apparmor(pod) -> list[str]:
+    return [str(c["appArmorProfile"]) for c in _contexts(pod) if c.get("appArmorProfile")
+            and c["appArmorProfile"].get("type") not in ("RuntimeDefault", "Localhost")]
+
+
+def selinux(pod) -> list[str]:
+    bad = []
+    for c in _contexts(pod):
+        opts = c.get("seLinuxOptions") or {}
+        if opts.get("type") not in SELINUX_TYPES or opts.get("user") or opts.get("role"):
+            bad.append(str(opts))
+    return bad
+
+
+def proc_mount(pod) -> list[str]:
+    return [c["name"] for c in _containers(pod)
+            if (c.get("securityContext") or {}).get("procMount", "Default") != "Default"]
+
+
+def sysctls(pod) -> list[str]:
+    return [s["name"] for s in (pod.get("securityContext") or {}).get("sysctls", [])
+            if s["name"] not in SAFE_SYSCTLS]
+
+
+def baseline_capabilities(pod) -> list[str]:
+    return [cap for c in _containers(pod)
+            for cap in ((c.get("securityContext") or {}).get("capabilities") or {}).get("add", [])
+            if cap not in BASELINE_CAPABILITIES]
+
+
+def volume_types(pod) -> list[str]:
+    return [v["name"] for v in pod.get("volumes", [])
+            if not set(v) - {"name"} <= RESTRICTED_VOLUMES]
+
+
+def privilege_escalation(pod) -> list[str]:
+    return [c["name"] for c in _containers(pod)
+            if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
+
+
+def run_as_non_root(pod) -> list[str]:
+    pod_level = (pod.get("securityContext") or {}).get("runAsNonRoot")
+    bad = [c["name"] for c in _containers(pod)
+           if (c.get("securityContext") or {}).get("runAsNonRoot",
+                                                   pod_level) is not True]
+    return bad
+
+
+def run_as_user(pod) -> list[str]:
+    return [str(c) for c in _contexts(pod) if c.get("runAsUser") == 0]
+
+
+def seccomp(pod) -> list[str]:
+    pod_type = ((pod.get("securityContext") or {}).get("seccompProfile") or {}).get("type")
+    bad = [] if pod_type in (None, "RuntimeDefault", "Localhost") else ["pod"]
+    for c in _containers(pod):
+        own = ((c.get("securityContext") or {}).get("seccompProfile") or {}).get("type")
+        if own not in (None, "RuntimeDefault", "Localhost") or (own or pod_type) is None:
+            bad.append(c["name"])
+    return bad
+
+
+def restricted_capabilities(pod) -> list[str]:
+    bad = []
+    for c in _containers(pod):
+        caps = (c.get("securityContext") or {}).get("capabilities") or {}
+        if "ALL" not in caps.get("drop", []) or set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            bad.append(c["name"])
+    return bad
+
+
+# control name -> check; each returns what violates it (empty: the control is met)
+RESTRICTED = {
+    "HostProcess": host_process, "Host Namespaces": host_namespaces,
+    "Privileged Containers": privileged, "Capabilities (baseline)": baseline_capabilities,
+    "HostPath Volumes": host_path_volumes, "Host Ports": host_ports, "AppArmor": apparmor,
+    "SELinux": selinux, "/proc Mount Type": proc_mount, "Sysctls": sysctls,
+    "Volume Types": volume_types, "Privilege Escalation": privilege_escalation,
+    "Running as Non-root": run_as_non_root, "Running as Non-root user": run_as_user,
+    "Seccomp": seccomp, "Capabilities (restricted)": restricted_capabilities,
+}
+
+
+def restricted_violations(doc: dict, control: str) -> list[str]:
+    return _ok(pod_spec(doc), RESTRICTED[control])

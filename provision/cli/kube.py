@@ -84,7 +84,8 @@ def manifests(
     mount_mapping: bool = typer.Option(
         False, "--mount-mapping", help="Mount the mapping's folder read-only into the "
         "Job (a hostPath volume) so that data_root() can warn when the host rebuilt the "
-        "cache under a running pod."),
+        "cache under a running pod. A namespace that enforces the restricted Pod Security "
+        "profile refuses hostPath volumes."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON `List` object "
                                  "(kubectl takes it too) instead of YAML."),
     state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,

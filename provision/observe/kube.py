@@ -10,8 +10,15 @@ What `hotcache kube manifests` prints (YAML documents that `kubectl apply -f -` 
   that requires the node label `hotcache kube labels` publishes for that copy (required,
   not preferred: a preferred affinity is dropped silently under pressure), mounts the
   claim read-only at /data with HostToContainer (rslave) propagation, sets DATA_ROOT and
-  DATA_ROOT_EXPECT=hot so the job refuses to read anything but the hot copy, runs as a
-  non-root uid, and gives DataLoader workers shared memory (an emptyDir in memory).
+  DATA_ROOT_EXPECT=hot so the job refuses to read anything but the hot copy, and gives
+  DataLoader workers shared memory (an emptyDir in memory).
+
+The Job meets the Pod Security "restricted" profile, so it runs in a namespace that
+enforces it: a non-root uid, no privilege escalation, every capability dropped, the
+runtime's default seccomp profile, and a read-only root filesystem, with in-memory or
+node-disk emptyDirs where a training process writes (/dev/shm for DataLoader workers,
+/tmp). `--mount-mapping` adds a hostPath volume, which that profile refuses (it says so).
+Every object carries the recommended app.kubernetes.io/* labels.
 
 The node name defaults to the host name in lower case, which is what kubelet registers
 unless it was started with --hostname-override.
@@ -28,6 +35,7 @@ from hotcache.provision.errors import UsageError
 from hotcache.provision.observe import nodelabels
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "hotcache"}
+PART_OF = "hotcache"
 DATASET_KEY = "hotcache.io/dataset"
 VERSION_KEY = "hotcache.io/version"
 HOSTNAME_KEY = "kubernetes.io/hostname"
@@ -56,9 +64,25 @@ def quantity(nbytes) -> str:
     return f"{max(1, math.ceil((nbytes or 0) / (1 << 20)))}Mi"
 
 
+def app_labels(component: str, instance: str) -> dict:
+    """Kubernetes' recommended labels: which application (hotcache, its version) made
+    the object, what part of it the object is, and which instance (a storage class, a
+    dataset version) it belongs to."""
+    from hotcache.provision import __version__
+
+    return {"app.kubernetes.io/name": "hotcache", "app.kubernetes.io/instance": instance,
+            "app.kubernetes.io/version": nodelabels.value(__version__) or "unknown",
+            "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": PART_OF,
+            **MANAGED_BY}
+
+
+def _instance(copy: dict) -> str:
+    return dns_name(copy["name"], str(copy["version"]))
+
+
 def storage_class(name: str) -> dict:
     return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
-            "metadata": {"name": name, "labels": dict(MANAGED_BY)},
+            "metadata": {"name": name, "labels": app_labels("storage-class", name)},
             "provisioner": "kubernetes.io/no-provisioner",
             "volumeBindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Retain"}
 
@@ -72,7 +96,8 @@ def volume(copy: dict, node: str, sc: str) -> dict:
     return {
         "apiVersion": "v1", "kind": "PersistentVolume",
         "metadata": {"name": dns_name("hotcache", node, copy["name"], str(copy["version"])),
-                     "labels": {**MANAGED_BY, **_selector(copy),
+                     "labels": {**app_labels("hot-copy-volume", _instance(copy)),
+                                **_selector(copy),
                                 "hotcache.io/cache": nodelabels.value(copy["cache"])},
                      "annotations": {"hotcache.io/path": copy["path"],
                                      "hotcache.io/node-label":
@@ -93,8 +118,8 @@ def volume(copy: dict, node: str, sc: str) -> dict:
 def claim(copy: dict, namespace: str, sc: str) -> dict:
     return {
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-        "metadata": {"name": dns_name(copy["name"], str(copy["version"])),
-                     "namespace": namespace, "labels": dict(MANAGED_BY)},
+        "metadata": {"name": _instance(copy), "namespace": namespace,
+                     "labels": app_labels("hot-copy-claim", _instance(copy))},
         "spec": {"storageClassName": sc, "accessModes": ["ReadWriteOnce"],
                  "resources": {"requests": {"storage": quantity(copy["bytes"])}},
                  "selector": {"matchLabels": _selector(copy)}},
@@ -105,18 +130,20 @@ def job(copy: dict, namespace: str, image: str, uid: int, gid: int, shm: str,
         mapping: str | None = None) -> dict:
     """The example Job. With `mapping` (the host's mapping file), its folder is mounted
     read-only from the host so that data_root() can tell a stale view (view=fresh/stale
-    instead of unknown); that takes a hostPath volume, which restricted pod security
-    policies refuse, hence optional."""
+    instead of unknown); that takes a hostPath volume, which the restricted Pod Security
+    profile refuses, hence optional."""
     label = nodelabels.copy_label(copy["name"], copy["version"])
+    labels = app_labels("training-job", _instance(copy))
     spec = {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": dns_name("train", copy["name"], str(copy["version"])),
-                     "namespace": namespace, "labels": dict(MANAGED_BY)},
+                     "namespace": namespace, "labels": labels},
         "spec": {"backoffLimit": 0, "template": {
-            "metadata": {"labels": {**MANAGED_BY, DATASET_KEY: _selector(copy)[DATASET_KEY]}},
+            "metadata": {"labels": {**labels, DATASET_KEY: _selector(copy)[DATASET_KEY]}},
             "spec": {
                 "restartPolicy": "Never",
-                "securityContext": {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": gid},
+                "securityContext": {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": gid,
+                                    "seccompProfile": {"type": "RuntimeDefault"}},
                 "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
                     "nodeSelectorTerms": [{"matchExpressions": [
                         {"key": label, "operator": "In", "values": [nodelabels.VERIFIED]}]}]}}},
@@ -128,17 +155,21 @@ def job(copy: dict, namespace: str, image: str, uid: int, gid: int, shm: str,
                     "env": [{"name": "DATA_ROOT", "value": DATA_MOUNT},
                             {"name": "DATA_ROOT_EXPECT", "value": "hot"}],
                     "securityContext": {"allowPrivilegeEscalation": False,
-                                        "capabilities": {"drop": ["ALL"]}},
+                                        "capabilities": {"drop": ["ALL"]},
+                                        "readOnlyRootFilesystem": True},
+                    # The root filesystem is read-only: what a training process writes
+                    # goes to emptyDirs (DataLoader workers' tensors to /dev/shm).
                     "volumeMounts": [
                         {"name": "data", "mountPath": DATA_MOUNT, "readOnly": True,
                          "mountPropagation": "HostToContainer"},
-                        {"name": "dshm", "mountPath": "/dev/shm"}],
+                        {"name": "dshm", "mountPath": "/dev/shm"},
+                        {"name": "tmp", "mountPath": "/tmp"}],
                 }],
                 "volumes": [
                     {"name": "data", "persistentVolumeClaim": {
-                        "claimName": dns_name(copy["name"], str(copy["version"])),
-                        "readOnly": True}},
-                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}],
+                        "claimName": _instance(copy), "readOnly": True}},
+                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
+                    {"name": "tmp", "emptyDir": {}}],
             }}},
     }
     if mapping:

@@ -201,3 +201,75 @@ def test_status_node_labels_for_one_cache_is_refused(host, tmp_path):
     proc = hotcache("status", "fast", "--state", state, "--node-labels", target)
     assert proc.returncode == 2 and "whole host" in proc.stderr
     assert not target.exists()
+
+
+@pytest.mark.parametrize("control", sorted(kubecheck.RESTRICTED))
+def test_every_object_meets_the_restricted_pod_security_profile(host, control):
+    """Each control of the restricted profile, over every object `kube manifests` prints
+    (schema-valid first), so a namespace with pod-security.kubernetes.io/enforce:
+    restricted admits the Job."""
+    mp, state, rows = host
+    docs = kubecheck.validate_manifests(kube.to_yaml(
+        kube.manifests(rows, mapping.load(state)["caches"], node="n")))
+    assert [d["kind"] for d in docs if kubecheck.pod_spec(d)] == ["Job"]
+    for doc in docs:
+        assert kubecheck.restricted_violations(doc, control) == [], doc["kind"]
+
+
+def test_the_pod_security_check_can_fail(host):
+    """The check is not vacuous: the Job with the mapping mounted from the host breaks
+    exactly the hostPath controls, and the Job stripped of each setting breaks its own."""
+    mp, state, rows = host
+    caches = mapping.load(state)["caches"]
+    job = kube.manifests(rows, caches, node="n", mapping="/etc/hotcache/mappings.yaml")[-1]
+    broken = {c for c in kubecheck.RESTRICTED if kubecheck.restricted_violations(job, c)}
+    assert broken == {"HostPath Volumes", "Volume Types"}
+    for strip, control in (
+            (lambda pod, c: pod["securityContext"].pop("seccompProfile"), "Seccomp"),
+            (lambda pod, c: pod["securityContext"].pop("runAsNonRoot"), "Running as Non-root"),
+            (lambda pod, c: c["securityContext"].pop("allowPrivilegeEscalation"),
+             "Privilege Escalation"),
+            (lambda pod, c: c["securityContext"]["capabilities"].update(drop=["NET_RAW"]),
+             "Capabilities (restricted)"),
+            (lambda pod, c: pod.update(hostNetwork=True), "Host Namespaces")):
+        job = kube.manifests(rows, caches, node="n")[-1]
+        pod = job["spec"]["template"]["spec"]
+        strip(pod, pod["containers"][0])
+        assert kubecheck.restricted_violations(job, control), control
+
+
+def test_job_root_filesystem_is_read_only_with_writable_scratch(host):
+    mp, state, rows = host
+    job = kube.manifests(rows, mapping.load(state)["caches"], node="n")[-1]
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    vols = {v["name"]: v for v in pod["volumes"]}
+    writable = {m["mountPath"]: vols[m["name"]] for m in c["volumeMounts"]
+                if not m.get("readOnly")}
+    assert writable == {"/dev/shm": {"name": "dshm", "emptyDir": {"medium": "Memory",
+                                                                   "sizeLimit": "8Gi"}},
+                        "/tmp": {"name": "tmp", "emptyDir": {}}}
+
+
+def test_every_object_carries_the_recommended_labels(host):
+    from hotcache.provision import __version__
+
+    mp, state, rows = host
+    docs = kube.manifests(rows, mapping.load(state)["caches"], node="n")
+    recommended = {"name", "instance", "version", "component", "part-of", "managed-by"}
+    for doc in docs:
+        labels = doc["metadata"]["labels"]
+        assert {k.removeprefix("app.kubernetes.io/") for k in labels
+                if k.startswith("app.kubernetes.io/")} == recommended, doc["kind"]
+        for key, value in labels.items():
+            kubecheck.check_label_value(key, value)
+        assert labels["app.kubernetes.io/name"] == "hotcache"
+        assert labels["app.kubernetes.io/version"] == __version__
+    sc, pv, pvc, job = docs
+    assert [d["metadata"]["labels"]["app.kubernetes.io/component"] for d in docs] == \
+        ["storage-class", "hot-copy-volume", "hot-copy-claim", "training-job"]
+    # a dataset version's volume, claim and job are one instance; the pods carry it too
+    assert len({d["metadata"]["labels"]["app.kubernetes.io/instance"] for d in docs[1:]}) == 1
+    assert job["metadata"]["labels"].items() <= \
+        job["spec"]["template"]["metadata"]["labels"].items()
