@@ -242,3 +242,48 @@ def test_grafana_dashboard_installed_into_provisioning(fleet):
     assert p["type"] == "file" and p["options"]["path"] == str(board.parent)
     assert fleet.recaps["grafana"]["changed"] == 4
     assert fleet.recaps["grafana-again"]["changed"] == 0
+
+
+@pytest.mark.parametrize("playbook, bad, says", [
+    ("site.yml", {"hotcache_caches": [{"name": "c", "backend": "zfs",
+                                       "origin": "/dev/disk/by-id/virtio-hdd",
+                                       "filesystem": {"mountpoint": "/mnt/c"}}]},
+     "value of backend must be one of: none, bcache, dm-cache, lvmcache, got: zfs"),
+    ("site.yml", {"hotcache_caches": [{"name": "c", "backend": "none", "origin": "/dev/vdb",
+                                       "filesystem": {"mount_point": "/mnt/c"}}]},
+     "mount_point"),
+    ("teardown.yml", {"hotcache_teardown_wipe": "perhaps"}, "hotcache_teardown_wipe"),
+])
+def test_a_bad_variable_is_refused_before_any_task(tmp_path, playbook, bad, says):
+    """ansible-playbook itself checks the role's meta/argument_specs.yml: the play stops
+    at the validation, naming the variable, before any task of the role (no spec
+    rendered, no command run)."""
+    spec = tmp_path / "spec.yml"
+    host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+            "ansible_become": False}
+    inventory = tmp_path / "inventory.yml"
+    inventory.write_text(yaml.safe_dump({"hotcache": {"hosts": {"localhost": host}, "vars": {
+        "hotcache_install": False, "hotcache_venv": str(VENV_BIN.parent),
+        "hotcache_spec_path": str(spec), "hotcache_state": str(tmp_path / "m.yaml"),
+        "hotcache_fstab": str(tmp_path / "fstab"), "hotcache_unit_dir": str(tmp_path / "u"),
+        "hotcache_metrics_timer": False}}}))
+    extra = tmp_path / "bad.yml"
+    extra.write_text(yaml.safe_dump(bad))
+    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}",
+           "ANSIBLE_HOME": str(tmp_path / "ansible-home"),
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "ansible-tmp"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_RETRY_FILES_ENABLED": "0"}
+    proc = subprocess.run([str(VENV_BIN / "ansible-playbook"), "-i", str(inventory),
+                           str(PLAYBOOKS / playbook), "-e", f"@{extra}"],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out
+    tasks = re.findall(r"^TASK \[(.*?)\]", proc.stdout, re.MULTILINE)
+    entry = "main" if playbook == "site.yml" else "teardown"
+    (task,) = [t for t in tasks if t.startswith("hotcache : ")]   # the role's only task
+    assert f"Validating arguments against arg spec '{entry}'" in task, tasks
+    assert says in out, out
+    counts = recap(proc.stdout)     # (teardown.yml's include_role counts as ok)
+    assert (counts["changed"], counts["failed"]) == (0, 1), counts
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("ansible")) == \
+        ["bad.yml", "inventory.yml"]
