@@ -79,6 +79,8 @@ def copy(
     verify: bool = typer.Option(False, "--verify",
                                 help="Before publishing, read the copy back from the device "
                                      "and check every hash (costs a second read of DEST)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say which files would be copied "
+                                 "and whether they fit, and copy nothing."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
 ):
     """Copy (part of) a dataset to the fast tier as a verified hot copy.
@@ -99,8 +101,9 @@ def copy(
                        fraction=fraction, seed=seed, name=name, version=version, jobs=jobs,
                        owner=owner, mode=mode, checksum=checksum, margin=margin,
                        space_check=not no_space_check, bwlimit=parse_rate(bwlimit),
-                       state=state, verify=verify, fit=fit, budget=budget, redraw=redraw)
-    meter = _meter(as_json, metrics_dir, "copy", dest)
+                       state=state, verify=verify, fit=fit, budget=budget, redraw=redraw,
+                       dry_run=dry_run)
+    meter = _meter(as_json, metrics_dir, "" if dry_run else "copy", dest)
     preload("hotcache.provision.hotcopy.catalog", "rich.console")   # for after the copy
     try:
         result = do_copy(src, dest, opts, meter)
@@ -111,6 +114,11 @@ def copy(
         return emit(result, "copy")
     from hotcache.provision.system.sizes import size
 
+    if result.get("dry_run"):
+        return c.print(f"dry run: would copy {result['copied_files']} files "
+                       f"({size(result['copied_bytes'])}) to {dest} as {result['name']} version "
+                       f"{result['version']}, keep {result['reused_files']} unchanged and resume "
+                       f"{result['resumed_files']}; nothing was copied")
     if not result["changed"]:
         return c.print(f"{dest}: up to date ({result['name']} version {result['version']}, "
                        f"{result['files']} files, {size(result['bytes'])})")

@@ -70,6 +70,7 @@ class CopyOptions:
     fit: bool = False               # the largest stratified subset that fits (subset.py)
     budget: str | None = None       # --budget 80% | 200G: implies fit
     redraw: bool = False            # a refresh of a --fit copy draws its members again
+    dry_run: bool = False           # say what would be copied (and whether it fits), no more
 
 
 # ---------------------------------------------------------------- checking the inputs
@@ -321,6 +322,9 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> d
             return {**summary, "version": old["version"], "changed": False}
         if opts.space_check:
             check_space(dest, plan.copy_bytes, opts.margin, staging.parent_fd, sizing)
+        if opts.dry_run:
+            return {**summary, "version": opts.version or next_version(old), "changed": False,
+                    "dry_run": True}
         existed = staging.fd is not None
         staging.create(src)
         if existed:

@@ -152,3 +152,21 @@ def test_plain_progress_line_says_files_bytes_rate_and_eta():
                             "102.4 MiB/s, ETA 0:00:30")
     meter.stop()
     assert out.getvalue() == "warm pass 1: 4.0 GiB in 5000 files\n"
+
+
+def test_copy_dry_run_says_what_it_would_copy_and_copies_nothing(tmp_path, host_env,
+                                                                 hot_copy):
+    src, dest = hot_copy
+    (src / "a" / "new.bin").write_bytes(b"n" * 1000)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in dest.parent.rglob("*"))
+    proc = hotcache("copy", src, dest, "--dry-run", "--json", env=host_env)
+    doc = json.loads(proc.stdout)
+    assert (doc["kind"], doc["dry_run"], doc["changed"]) == ("copy", True, False), proc.stderr
+    assert (doc["copied_files"], doc["copied_bytes"], doc["reused_files"], doc["version"]) == \
+        (1, 1000, 40, "2")
+    fresh = tmp_path / "hot" / "fresh"
+    doc = json.loads(hotcache("copy", src, fresh, "--dry-run", "--json", env=host_env).stdout)
+    assert (doc["copied_files"], doc["version"]) == (41, "1")
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in dest.parent.rglob("*")) == before
+    text = hotcache("copy", src, dest, "--dry-run", env=host_env).stdout
+    assert text.startswith("dry run: would copy 1 files (1000 B)") and "nothing was copied" in text
