@@ -17,11 +17,13 @@ MetricsDirOpt = typer.Option(
          "data [default: /var/lib/prometheus/node-exporter when writable; empty: off].")
 
 
-def _meter(as_json: bool, metrics_dir: Optional[Path] = None, operation: str = "",
+def _meter(metrics_dir: Optional[Path] = None, operation: str = "",
            path: Optional[Path] = None):
+    """Progress on stderr, with --json too (stdout carries only the document): a bar on
+    a terminal, a line per interval elsewhere; and as metrics while running."""
     from hotcache.provision.system.meter import for_terminal
 
-    meter = for_terminal(quiet=as_json)
+    meter = for_terminal()
     if not operation:
         return meter
     from hotcache.provision.observe.progress import metrics_dir as where, wrap
@@ -103,7 +105,7 @@ def copy(
                        space_check=not no_space_check, bwlimit=parse_rate(bwlimit),
                        state=state, verify=verify, fit=fit, budget=budget, redraw=redraw,
                        dry_run=dry_run)
-    meter = _meter(as_json, metrics_dir, "" if dry_run else "copy", dest)
+    meter = _meter(metrics_dir, "" if dry_run else "copy", dest)
     preload("hotcache.provision.hotcopy.catalog", "rich.console")   # for after the copy
     try:
         result = do_copy(src, dest, opts, meter)
@@ -152,7 +154,7 @@ def verify(
     if sum([fast, sample is not None, full]) > 1:
         raise UsageError("give one of --fast, --sample N, --full")
     mode = "full" if full else "sample" if sample is not None else "fast"
-    meter = _meter(as_json)
+    meter = _meter()
     try:
         report = do_verify(dest, mode, sample or 0, jobs, meter, state)
     finally:
@@ -196,7 +198,7 @@ def warm(
     beside the training job)."""
     from hotcache.provision.observe.warm import warm as do_warm
 
-    meter = _meter(as_json, metrics_dir, "warm", path)
+    meter = _meter(metrics_dir, "warm", path)
     try:
         report = do_warm(path, jobs=jobs, max_passes=max_passes, state=state, meter=meter,
                          order=order)

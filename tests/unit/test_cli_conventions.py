@@ -124,13 +124,14 @@ def test_an_os_error_injected_into_a_command_is_clean(monkeypatch, capsys, host_
 
 def test_a_copy_off_a_terminal_prints_progress_lines(tmp_path, host_env):
     """stderr is a pipe, as under Ansible, cron or systemd: a line when the copy starts
-    and then one per interval (here 10 ms, and the copy held to 4 MB/s)."""
+    and then one per interval (here 10 ms, and the copy held to 4 MB/s), --json or not."""
     src = tmp_path / "src"
     src.mkdir()
     for i in range(8):
         (src / f"f{i}").write_bytes(os.urandom(250_000))
-    proc = hotcache("copy", src, tmp_path / "dest", "--bwlimit", "4M",
+    proc = hotcache("copy", src, tmp_path / "dest", "--bwlimit", "4M", "--json",
                     env={**host_env, "HOTCACHE_PROGRESS_SECONDS": "0.01"}, check=True)
+    assert json.loads(proc.stdout)["kind"] == "copy"     # stdout: the document alone
     lines = proc.stderr.splitlines()
     assert lines[0] == f"copy src -> {tmp_path / 'dest'}: 1.9 MiB in 8 files"
     pattern = re.compile(rf"copy src -> {re.escape(str(tmp_path / 'dest'))}: \d+/8 files, "
