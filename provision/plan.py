@@ -41,6 +41,9 @@ class Step:
     action: Callable[[RunContext], None] | None = None  # hotcache's own work
     capture: str | None = None                          # Ref key set from stdout
     destructive: bool = False
+    # Run right before the program: raises when the device is no longer the one the
+    # step was planned for (engine/recheck.py).
+    check: Callable[[RunContext], None] | None = None
 
     def shown(self) -> str:
         if self.argv:
@@ -48,6 +51,8 @@ class Step:
         return f"(hotcache) {self.summary}"
 
     def run(self, ctx: RunContext) -> None:
+        if self.check is not None:
+            self.check(ctx)
         if self.argv:
             result = ctx.runner.run([ctx.resolve(a) for a in self.argv])
             if self.capture:
@@ -66,6 +71,7 @@ class Plan:
     steps: list[Step] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)      # things worth saying, not doing
     unchanged: list[str] = field(default_factory=list)  # caches already as specified
+    touched: set[str] = field(default_factory=set)      # nodes a destructive step writes
 
     @property
     def empty(self) -> bool:

@@ -198,6 +198,9 @@ class LvmCache(Backend):
         vg, lv, adopted = names(h, entry, spec.name, origin.node)
         info = lv_info(h, vg, lv)
         same_lvm(entry, info, vg, lv)
+        if p.restoring and (info is None or info.get("segtype") != "cache"):
+            p.refuse(self._missing(entry, vg, lv, info, devs))
+            return f"/dev/{vg}/{lv}"
         mode, policy = spec.effective_mode, spec.tunables.get("policy", "smq")
         settings = _settings(spec.tunables)
         if adopted and not (isinstance(cache.node, str) and pv_vg(h, cache.node) == vg):
@@ -247,6 +250,28 @@ class LvmCache(Backend):
                            lambda ctx: {} if ctx.runner.dry_run else uuids(
                                h, vg, lv, {r: ctx.resolve(n) for r, n in pvs.items()}))
         return f"/dev/{vg}/{lv}"
+
+    def _missing(self, entry, vg: str, lv: str, info: dict | None, devs) -> str:
+        """Why restore cannot re-assemble this cache, naming what is missing (restore
+        never builds: re-creating it would erase what the disks hold)."""
+        st = state.of(entry, LvmCacheState)
+        name = entry.spec.get("name", "") if entry else ""
+        if info is not None:
+            return (f"{name}: the logical volume {vg}/{lv} is there but no longer cached "
+                    f"(segment type {info.get('segtype') or 'unknown'}); restore only "
+                    "re-assembles what the mapping records and attaches nothing. "
+                    f"`hotcache teardown {name} --forget`, then `hotcache apply SPEC`, "
+                    "attaches a new cache to it")
+        where = []
+        for role, dev in devs.items():
+            if isinstance(dev.node, str):
+                in_vg = pv_vg(self.host, dev.node)
+                where.append(f"the {role} {dev.node} is {'a PV of ' + in_vg if in_vg else 'not a PV'}")
+        return (f"{name}: the logical volume {vg}/{lv} (LV UUID {st.lv_uuid or 'not recorded'}) "
+                f"is not found ({'; '.join(where)}). Restore never builds, so nothing was "
+                f"created or erased. If it was renamed, `lvs -o lv_name,lv_uuid {vg}` shows "
+                f"it and `lvrename {vg} NEW-NAME {lv}` gives it back its recorded name; "
+                "then run `hotcache restore` again")
 
     def _attach(self, p, spec, vg, lv, cache, mode, policy, settings) -> None:
         """Put a cache volume on the SSD and attach it to the origin LV; lvconvert keeps

@@ -10,6 +10,7 @@ half-built devices instead of refusing them as foreign.
 from __future__ import annotations
 
 import os
+import shlex
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from hotcache.provision.block.host import Host
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
 from hotcache.provision.errors import KernelUnsupported, ProbeFailed, RefusedError
-from hotcache.provision.engine import images, owners
+from hotcache.provision.engine import images, owners, recheck
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
 from hotcache.provision.records import (STATES, BackendState, CacheEntry, DeviceRecord,
                                         Filesystem, Persist)
@@ -33,6 +34,9 @@ from hotcache.provision.engine.spec import (CacheSpec, DeviceRef, HostSpec,
                                             without_wipe)
 
 FSTYPE = "xfs"
+# Programs that create or erase: a step running one is a build, which restore never does.
+BUILDS = frozenset({"wipefs", "make-bcache", "mkfs.xfs", "pvcreate", "vgcreate", "vgextend",
+                    "lvcreate", "lvconvert", "dd", "truncate"})
 NEW_FS_UUID = "NEW-UUID"     # in a plan only shown (dry run): the UUID apply will draw
 
 
@@ -83,8 +87,22 @@ class Planner:
 
     def run(self, summary: str, argv: list, *, capture: str | None = None,
             destructive: bool = False) -> None:
+        building = destructive or str(argv[0]) in BUILDS
+        if self.restoring and building:
+            # Restore re-assembles what is there; whatever it would have to create or
+            # erase means something recorded is missing, which the backend names.
+            self.refuse(f"{self.cache}: restore would have to build ({summary}: "
+                        f"`{shlex.join(str(a) for a in argv)}`); restore never builds or "
+                        "erases. Something the mapping records is missing: `hotcache status "
+                        f"{self.cache}` names it")
+            return
+        check = None
+        if destructive:
+            touched = self.plan.touched
+            check = recheck.guard(self.env.host, self.cache, summary, argv, touched)
+            touched.update(a for a in argv if isinstance(a, str) and a.startswith("/dev/"))
         self.plan.steps.append(Step(self.cache, summary, argv, capture=capture,
-                                    destructive=destructive))
+                                    destructive=destructive, check=check))
 
     def do(self, summary: str, action) -> None:
         self.plan.steps.append(Step(self.cache, summary, action=action))

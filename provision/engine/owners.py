@@ -5,7 +5,10 @@ attached there, a by-id link and `/dev/sdb`, and a whole disk overlaps its parti
 (`/dev/sdb` and `/dev/sdb1`). Each device the spec names, and each the mapping records
 for a cache, becomes a Claim: tokens for what the device is (its device number, the
 inode of an image file) and for the disk a partition lies on. Two claims of different
-owners that share a device, or a disk and its partition, are refused.
+owners that share a device, or a disk and its partition, are refused. A recorded device
+also claims every device stacked on it (its holders in sysfs, and theirs: the dm tables,
+the bcache device, the LVs, an md array), so another cache's /dev/mapper/hc-X,
+/dev/bcacheN or LV is that cache's too.
 """
 
 from __future__ import annotations
@@ -27,10 +30,16 @@ class Claim:
     what: str                  # how to name it in a message
     own: frozenset[str]        # the device itself, by every identity found
     above: frozenset[str]      # the whole disk, when the device is a partition
+    stacked: frozenset[str] = frozenset()   # devices built on it (dm, bcache, md, LV)
 
     def overlaps(self, other: "Claim") -> bool:
         return bool(self.own & other.own or self.own & other.above
-                    or self.above & other.own)
+                    or self.above & other.own or self.on(other))
+
+    def on(self, other: "Claim") -> bool:
+        """This device is stacked on `other` (or the other way round)."""
+        return bool((self.own | self.above) & other.stacked
+                    or self.stacked & (other.own | other.above))
 
 
 def tokens(path: str) -> tuple[set[str], set[str]]:
@@ -70,14 +79,39 @@ def block_tokens(num: str) -> tuple[set[str], set[str]]:
     return own, above
 
 
-def claim(owner: str, what: str, *paths: str) -> Claim:
+def holders(num: str, seen: set[str] | None = None) -> set[str]:
+    """Every device stacked on block device `num`, directly or through others, as
+    tokens (sysfs lists a device's holders in its `holders/` folder)."""
+    seen = set() if seen is None else seen
+    folder = SYS_DEV_BLOCK / num / "holders"
+    if not folder.is_dir():
+        return set()
+    out = set()
+    for holder in folder.iterdir():
+        try:
+            hnum = (holder.resolve() / "dev").read_text().strip()
+        except OSError:
+            continue        # gone between the listing and the read
+        if hnum in seen:
+            continue
+        seen.add(hnum)
+        out |= {f"blk:{hnum}", *holders(hnum, seen)}
+    return out
+
+
+def claim(owner: str, what: str, *paths: str, stacked: bool = False) -> Claim:
     own: set[str] = set()
     above: set[str] = set()
     for path in paths:
         o, a = tokens(path)
         own |= o
         above |= a
-    return Claim(owner, what, frozenset(own), frozenset(above))
+    on = set()
+    if stacked:
+        for token in own:
+            if token.startswith("blk:"):
+                on |= holders(token.removeprefix("blk:"))
+    return Claim(owner, what, frozenset(own), frozenset(above), frozenset(on))
 
 
 def spec_claims(spec, state: dict | None = None) -> list[Claim]:
@@ -116,7 +150,7 @@ def recorded_claims(state: dict) -> list[Claim]:
             paths = _identity_paths(info) or ([info.node] if info.node else [])
             shown = info.path or info.loop_file or info.node
             out.append(claim(name, f"the {role} device {shown} that the mapping records for "
-                                   f"cache {name}", *paths))
+                                   f"cache {name}", *paths, stacked=True))
     return out
 
 
@@ -131,7 +165,12 @@ def conflicts(spec, state: dict) -> list[str]:
                                 "its partition); each device can serve one role of one cache")
     for a in mine:
         for b in recorded_claims(state):
-            if a.owner != b.owner and a.overlaps(b):
+            if a.owner != b.owner and a.on(b):
+                problems.append(f"{a.what} is stacked on {b.what} (a device-mapper table, "
+                                "bcache device, LV or md array built on it belongs to that "
+                                "cache); hotcache will not give it to a second cache, even "
+                                f"with wipe: true (`hotcache teardown {b.owner}` frees it)")
+            elif a.owner != b.owner and a.overlaps(b):
                 problems.append(f"{a.what} is {b.what}; hotcache will not give it to a second "
                                 f"cache, even with wipe: true (`hotcache teardown {b.owner}` "
                                 "frees it)")
