@@ -24,10 +24,20 @@ def restore(
     register bcache devices, activate LVs, write back the tunables the kernel forgot
     (sequential_cutoff, ...), and mount. It is what the unit `apply` installs runs at
     boot; running it on a healthy host changes nothing."""
-    from hotcache.provision.engine.restore import plan_restore
+    from hotcache.provision.engine import restorelog
+    from hotcache.provision.engine.restore import plan_restore, restored_names
+    from hotcache.provision.errors import HotcacheError
 
     need_root("restore")
     env = make_env(state, fstab, dry_run=dry_run)
-    with holding_state(env, f"restore {' '.join(names or [])}".strip()):
-        carry_out(plan_restore(env, names or None), env, "restore", yes=yes,
-                  as_json=as_json, done="run; caches restored", dry_run=dry_run)
+    try:
+        with holding_state(env, f"restore {' '.join(names or [])}".strip()):
+            carry_out(plan_restore(env, names or None), env, "restore", yes=yes,
+                      as_json=as_json, done="run; caches restored", dry_run=dry_run)
+    except HotcacheError as exc:
+        # Loud at boot: doctor and the metrics report it until a restore succeeds.
+        if not dry_run:
+            restorelog.record(restored_names(env, names), str(exc))
+        raise
+    if not dry_run:
+        restorelog.record(restored_names(env, names), None)

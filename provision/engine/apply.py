@@ -20,7 +20,7 @@ from hotcache.provision.backends import recorded
 from hotcache.provision.block import blockdev, identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.system import fstab
-from hotcache.provision.backends import get as get_backend
+from hotcache.provision.backends import BACKENDS, get as get_backend
 from hotcache.provision.errors import KernelUnsupported, ProbeFailed, RefusedError
 from hotcache.provision.engine import images, owners, recheck
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
@@ -122,7 +122,14 @@ def mount_options(spec: CacheSpec) -> list[str]:
 
 
 def fstab_options(spec: CacheSpec) -> list[str]:
-    return [*mount_options(spec), "nofail",
+    """The mount options plus what systemd reads: `nofail` and a bounded device wait (a
+    late disk never drops the host into emergency mode) and, for a cache restored at
+    boot, `x-systemd.requires=` its restore unit: Requires= and After=, so a restore that
+    failed, was masked or never ran stops the mount, and the bare origin (which can show
+    the same filesystem UUID, stale) is never mounted in the cache's place."""
+    requires = [f"x-systemd.requires={bootunit.unit_name(spec.name)}"] \
+        if BACKENDS[spec.backend].restores_at_boot else []
+    return [*mount_options(spec), "nofail", *requires,
             f"x-systemd.device-timeout={spec.filesystem.device_timeout}s"]
 
 
@@ -230,6 +237,27 @@ def _named_now(host: Host, ref: DeviceRef) -> str | None:
     if ref.loop is not None:
         return blockdev.loop_for_file(host, ref.loop.file)
     return host.realpath(ref.path) if host.exists(ref.path) else None
+
+
+def _require_stable_identity(p: Planner, spec: CacheSpec, dev: Device) -> None:
+    """A cache restored at boot must find its devices again by what they are: a disk with
+    no by-id link, serial, WWN or partition UUID (a virtio disk without serial, a
+    device-mapper device without UUID) could never be proven after a reboot, so its
+    restore would refuse at every boot. Refused before the first build."""
+    if dev.ref.loop is not None or not isinstance(dev.node, str):
+        return          # a loop image is found again by its file
+    name = identity.kname(dev.node, p.env.host)
+    if name is None:
+        return
+    _, ident, links, loop_file = identity.hardware(name, p.env.host)
+    if links or loop_file or any(k != "partn" for k in ident):
+        return
+    p.refuse(f"{spec.name}.{dev.role} ({dev.ref.label}): {dev.node} has no stable identity "
+             "(no by-id link, serial, WWN or partition UUID), so after a reboot nothing "
+             f"could prove it is this device and `hotcache restore {spec.name}` would refuse "
+             "it at every boot. Give the disk a serial (QEMU and libvirt: serial=...), name "
+             "a partition of it (partitions carry a UUID), or a device-mapper device "
+             "created with a UUID (`dmsetup create --uuid`)")
 
 
 def first_build(p: Planner, entry: CacheEntry | None) -> bool:
@@ -352,6 +380,9 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None) -> None:
             devs[role] = dev
     if p.refusals:
         return
+    if backend.restores_at_boot and first_build(p, entry):
+        for dev in devs.values():
+            _require_stable_identity(p, spec, dev)
     for dev in devs.values():
         preflight(p, backend, spec, entry, dev, backend.min_bytes)
     if p.refusals:

@@ -19,7 +19,7 @@ from hotcache.provision.block import identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.engine.apply import plan_apply
 from hotcache.provision.engine.spec import CacheSpec, HostSpec, without_wipe
-from hotcache.provision.errors import UsageError
+from hotcache.provision.errors import HotcacheError, UsageError
 from hotcache.provision.system.waits import wait_until
 
 DEVICE_WAIT = 60.0     # seconds restore waits for a cache's devices to appear at boot
@@ -42,6 +42,17 @@ def recorded_spec(state_path: Path, names: list[str] | None = None):
                              "run `hotcache apply SPEC` once")
         caches.append(CacheSpec.model_validate(without_wipe(recorded)))
     return HostSpec(caches=caches)
+
+
+def restored_names(env, names: list[str] | None) -> list[str]:
+    """The caches a restore of `names` (None: all) is about; [] when the mapping cannot
+    be read (its own error says so)."""
+    if names:
+        return list(names)
+    try:
+        return list(mapping.load(env.state)["caches"])
+    except HotcacheError:
+        return []
 
 
 def wait_for_devices(spec: HostSpec, host: Host) -> None:

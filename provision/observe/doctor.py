@@ -48,6 +48,7 @@ class Code(StrEnum):
     NO_NOFAIL = "NO_NOFAIL"
     RESTORE_NOT_ENABLED = "RESTORE_NOT_ENABLED"
     RESTORE_MISSING = "RESTORE_MISSING"
+    RESTORE_FAILED = "RESTORE_FAILED"                    # this boot's restore failed
     LOW_FREE_SPACE = "LOW_FREE_SPACE"
     HOT_COPY_MISSING = "HOT_COPY_MISSING"
     HOT_COPY_FAILED_VERIFICATION = "HOT_COPY_FAILED_VERIFICATION"
@@ -90,6 +91,9 @@ ADVICE: dict[str, str] = {
     Code.RESTORE_NOT_ENABLED: "systemctl enable {unit}, or `hotcache apply SPEC` again",
     Code.RESTORE_MISSING: "run `hotcache apply SPEC` again: it installs and enables {unit}, "
                           "which runs `hotcache restore` before the mount",
+    Code.RESTORE_FAILED: "`journalctl -b -u {unit}` and `hotcache status {name}` say what is "
+                         "missing; the mount waits for the restore, so nothing reads the "
+                         "bare origin. Put it right, then `hotcache restore {name}`",
     Code.LOW_FREE_SPACE: "remove hot copies no longer used (`hotcache copies` lists them; "
                          "delete the folder), or move the cache to a bigger SSD",
     Code.HOT_COPY_MISSING: "copy it again with `hotcache copy SRC {path}`",
@@ -150,6 +154,7 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
         *check_programs(caches),
         *check_nofail(caches, opts),
         *check_boot_restore(caches, opts.unit_dir),
+        *check_restore_failed(caches, runner),
         *check_drift(rows),
         *check_space_and_copies(caches, rows, opts),
         *check_working_set(rows),
@@ -306,6 +311,23 @@ def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
                                      f"{name} ({backend}): {why}, and nothing in {unit_dir} or "
                                      "the udev rules runs `hotcache restore` at boot",
                                      Code.RESTORE_MISSING, unit=unit.name))
+    return out
+
+
+def check_restore_failed(caches: dict, runner: Runner) -> list[Finding]:
+    """A restore that failed at this boot: the cache is not there and its mount did not
+    happen (the fstab entry requires the restore unit)."""
+    from hotcache.provision.engine import restorelog
+    from hotcache.provision.engine.bootunit import unit_name
+
+    out = []
+    for name, entry in sorted(caches.items()):
+        if not BACKENDS.get(entry.backend) or not BACKENDS[entry.backend].restores_at_boot:
+            continue
+        why = restorelog.failure(name, runner)
+        if why:
+            out.append(Finding.coded("boot-restore", PROBLEM, name, f"{name}: {why}",
+                                     Code.RESTORE_FAILED, unit=unit_name(name), name=name))
     return out
 
 

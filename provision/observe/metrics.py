@@ -164,6 +164,7 @@ class StatusCollector:
                 ["cache"]).add_metric([name], int(bool(row.get("ok"))))
         g.gauge("cache_problems", "Problems `hotcache status` reports for the cache.",
                 ["cache"]).add_metric([name], len(row.get("problems") or []))
+        self._restore(g, name, row)
         g.gauge("cache_mounted", "1 when the cache's filesystem is mounted where the mapping "
                 "says, else 0.", ["cache", "mountpoint"]).add_metric([name, mp],
                                                                    int(bool(row.get("mounted"))))
@@ -190,6 +191,19 @@ class StatusCollector:
         self._working_set(g, name, row, stats)
         for copy in hot_copies(self.entries.get(name), bool(row.get("mounted"))):
             self._copy(g, name, copy)
+
+    def _restore(self, g: "_Families", name: str, row: dict) -> None:
+        from hotcache.provision.backends import BACKENDS
+        from hotcache.provision.engine import restorelog
+        from hotcache.provision.system.runner import Runner
+
+        backend = BACKENDS.get(str(row.get("backend")))
+        if backend is None or not backend.restores_at_boot:
+            return
+        g.gauge("restore_failed", "1 when this boot's `hotcache restore` of the cache (its "
+                "boot unit) failed, so its mount did not happen, else 0.",
+                ["cache"]).add_metric([name], int(restorelog.failure(name, Runner())
+                                                  is not None))
 
     def _working_set(self, g: "_Families", name: str, row: dict, stats: dict) -> None:
         """What the cache is to hold against its fast tier, and bcache's buckets."""

@@ -115,6 +115,7 @@ def checked(target: str) -> str:
 
 def fstab_write(fake) -> str:
     return (f"write the entry `UUID={FS} {MP} xfs noatime,nosuid,nodev,nofail,"
+            "x-systemd.requires=hotcache-restore-c1.service,"
             f"x-systemd.device-timeout=30s 0 0` to {fake.env_.fstab} (tagged # hotcache:c1)")
 
 

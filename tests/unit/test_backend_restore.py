@@ -65,3 +65,50 @@ def test_unit_dir_is_redirectable(monkeypatch, tmp_path):
     assert bootunit.unit_dir() == tmp_path
     monkeypatch.delenv("HOTCACHE_UNIT_DIR")
     assert str(bootunit.unit_dir()) == "/etc/systemd/system"
+
+
+GENERATOR = "/lib/systemd/system-generators/systemd-fstab-generator"
+
+
+def generated_mount_unit(tmp_path, line: str, mountpoint: str) -> str:
+    """What systemd itself makes of an fstab line at boot: its fstab generator, run on
+    a file holding only that line."""
+    (tmp_path / "fstab").write_text(line + "\n")
+    out = tmp_path / "generated"
+    out.mkdir()
+    subprocess.run([GENERATOR, out, out, out], check=True, capture_output=True, text=True,
+                   env={"SYSTEMD_FSTAB": str(tmp_path / "fstab"), "SYSTEMD_PROC_CMDLINE": "",
+                        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    return (out / bootunit.mount_unit(mountpoint)).read_text()
+
+
+@pytest.mark.parametrize("backend", ["bcache", "dm-cache", "lvmcache"])
+def test_a_block_caches_mount_requires_its_restore_as_systemd_reads_fstab(tmp_path, backend):
+    """A restore that fails, is masked or never runs stops the mount: the bare origin,
+    which may show the cache's filesystem UUID with stale data, is never mounted in its
+    place (Requires= fails the mount job; After= keeps it from starting first)."""
+    from hotcache.provision.engine.apply import fstab_options
+    from hotcache.provision.engine.spec import CacheSpec
+    from hotcache.provision.system import fstab
+
+    spec = CacheSpec.model_validate({
+        "name": "c1", "backend": backend, "origin": "/dev/disk/by-id/virtio-hdd",
+        "cache": "/dev/disk/by-id/virtio-ssd", "filesystem": {"mountpoint": "/mnt/hot"}})
+    line = fstab.entry("11111111-1111-4111-8111-111111111111", "/mnt/hot", "xfs",
+                       fstab_options(spec))
+    unit = generated_mount_unit(tmp_path, line, "/mnt/hot")
+    assert "\nRequires=hotcache-restore-c1.service\n" in unit
+    assert "\nAfter=hotcache-restore-c1.service\n" in unit
+
+
+def test_a_cache_without_restore_unit_requires_none(tmp_path):
+    from hotcache.provision.engine.apply import fstab_options
+    from hotcache.provision.engine.spec import CacheSpec
+    from hotcache.provision.system import fstab
+
+    spec = CacheSpec.model_validate({
+        "name": "c1", "backend": "none", "origin": "/dev/disk/by-id/virtio-ssd",
+        "filesystem": {"mountpoint": "/mnt/hot"}})
+    line = fstab.entry("11111111-1111-4111-8111-111111111111", "/mnt/hot", "xfs",
+                       fstab_options(spec))
+    assert "Requires=" not in generated_mount_unit(tmp_path, line, "/mnt/hot")

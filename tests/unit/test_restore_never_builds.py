@@ -58,3 +58,31 @@ def test_lvmcache_restore_of_the_recorded_lv_still_only_activates(fake):
     lvm_built(fake, active=False)
     assert [s for s in steps(plan_restore(fake.env_)) if isinstance(s, list)][0][:1] == \
         ["vgchange"]
+
+
+@pytest.mark.parametrize("backend", ["bcache", "dm-cache", "lvmcache"])
+def test_apply_refuses_a_disk_without_stable_identity(fake, backend):  # noqa: F811
+    """A virtio disk without serial: no by-id link, serial, WWN or partition UUID, so no
+    restore could ever prove it after a reboot. Refused before anything runs."""
+    from hotcache.provision.engine.apply import plan_apply
+    from tests.unit.test_backend_plans import spec
+
+    fake.unplug("vdc")
+    fake.disk("vdc", None, 256)
+    with pytest.raises(RefusedError) as err:
+        plan_apply(spec(backend), fake.env_)
+    said = str(err.value)
+    assert "c1.cache (/dev/vdc): /dev/vdc has no stable identity" in said
+    assert "serial=" in said and "c1.origin" not in said
+    assert fake.runner.recorded == [] and not fake.env_.state.exists()
+
+
+def test_a_cache_restored_by_nothing_may_use_such_a_disk(fake):  # noqa: F811
+    from hotcache.provision.engine.apply import plan_apply
+    from hotcache.provision.engine.spec import HostSpec
+
+    fake.unplug("vdc")
+    fake.disk("vdc", None, 1024)
+    plan_apply(HostSpec.model_validate({"caches": [{
+        "name": "c1", "backend": "none", "origin": {"path": "/dev/vdc"},
+        "filesystem": {"mountpoint": "/mnt/c1"}}]}), fake.env_)

@@ -424,7 +424,7 @@ def test_flush_timeout_leaves_the_dirty_cache(monkeypatch):
     sectors = int(sh("blockdev", "--getsz", hdd).stdout)
     linear = f"0 {sectors} linear {hdd} 0"
     slow = f"0 {sectors} delay {hdd} 0 0 {hdd} 0 10000"
-    sh("dmsetup", "create", "slowhdd", "--table", linear)
+    sh("dmsetup", "create", "slowhdd", "--uuid", "HOTCACHE-TEST-slowhdd", "--table", linear)
     sh("udevadm", "settle")
     spec = PERSIST / "spec-flush.yaml"
     mp = MOUNTS / "flush"
