@@ -111,6 +111,10 @@ class DmCacheState(BackendState):
     data_sectors: int | None = None
     names: dict[str, str] | None = None   # part (cache, meta, data) -> dm name
     table: str | None = None
+    # hotcache's header at the start of the SSD (block/header.py): the sectors it keeps
+    # (0 for a cache built before there was one) and the UUID that proves the SSD.
+    header_sectors: int | None = None
+    header_uuid: str | None = None
 
 
 class LvmCacheState(BackendState):

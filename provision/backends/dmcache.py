@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import uuid
 
 from hotcache.provision.backends.dmflush import MIN_MIGRATION, ensure_writeback, wait_clean
 from hotcache.provision.backends.dmtable import CacheTable, cache_stats, parse_status, parse_table
-from hotcache.provision.block import probe
+from hotcache.provision.block import header, probe
 from hotcache.provision.errors import HotcacheError, ProbeFailed
 from hotcache.provision.plan import Ref
 from hotcache.provision.records import DmCacheState
@@ -98,7 +99,10 @@ class DmCache(Backend):
 
     def signature(self, entry, role):
         if role == "cache":
-            return ()       # dm-cache metadata carries nothing blkid knows
+            # dm-cache metadata carries nothing blkid knows: hotcache's header proves the
+            # SSD (a cache built before there was one has none)
+            uuid_ = state.of(entry, DmCacheState).header_uuid
+            return (header.TYPE, uuid_) if uuid_ else ()
         # In writeback the block holding the XFS superblock may be dirty on the SSD only,
         # so the origin may show nothing; another signature is still a conflict.
         return ("xfs", entry.filesystem.uuid, "may be absent")
@@ -117,20 +121,21 @@ class DmCache(Backend):
     def geometry(self, p, spec, st, devs) -> dict:
         if st.data_sectors:
             return {"block_sectors": st.block_sectors, "meta_sectors": st.meta_sectors,
-                    "data_sectors": st.data_sectors}
+                    "data_sectors": st.data_sectors, "header_sectors": st.header_sectors or 0}
         block = int(spec.tunables.get("block_size", DEFAULT_BLOCK))
         if block % 32768 or not 32768 <= block <= 2**30:
             p.refuse(f"{spec.name}.tunables.block_size: {block} must be a multiple of 32768 "
                      "bytes (32 KiB) between 32 KiB and 1 GiB")
             block = DEFAULT_BLOCK
         block //= 512
-        ssd = devs["cache"].size // 512
+        ssd = devs["cache"].size // 512 - header.SECTORS
         meta = metadata_sectors(self.host.runner, ssd, block)
         data = (ssd - meta) // block * block
         if data < 16 * block:
             p.refuse(f"{spec.name}.cache: the SSD is too small for dm-cache with {block * 512} "
                      "byte blocks")
-        return {"block_sectors": block, "meta_sectors": meta, "data_sectors": data}
+        return {"block_sectors": block, "meta_sectors": meta, "data_sectors": data,
+                "header_sectors": header.SECTORS}
 
     def build(self, p, spec, entry, devs):
         st = state.of(entry, DmCacheState)
@@ -143,7 +148,7 @@ class DmCache(Backend):
         # Metadata is zeroed only for a cache never built: once the geometry is recorded
         # the metadata describes blocks (dirty ones in writeback) that must not be lost.
         fresh = not st.data_sectors
-        meta, data = geo["meta_sectors"], geo["data_sectors"]
+        meta, data, head = geo["meta_sectors"], geo["data_sectors"], geo["header_sectors"]
         want = CacheTable(origin.size // 512, f"/dev/mapper/{names['meta']}",
                           f"/dev/mapper/{names['data']}", "ORIGIN", geo["block_sectors"],
                           spec.effective_mode, [], spec.tunables.get("policy", "smq"),
@@ -153,7 +158,8 @@ class DmCache(Backend):
             if fresh:
                 p.run(f"erase old signatures on the cache device {cache.ref.label}",
                       ["wipefs", "--all", cache.node], destructive=True)
-            for part, start, length in (("meta", 0, meta), ("data", meta, data)):
+                self._write_header(p, spec.name, cache.node)
+            for part, start, length in (("meta", head, meta), ("data", head + meta, data)):
                 if live_table(names[part], runner) is None:
                     table = _text(p, f"dm-{part}:{spec.name}",
                                   lambda n, s=start, l=length: f"0 {l} linear {n} {s}",
@@ -186,6 +192,19 @@ class DmCache(Backend):
                            lambda ctx: {**geo, "names": names,
                                         "table": want.render().replace("ORIGIN", "<origin>")})
         return f"/dev/mapper/{names['cache']}"
+
+    def _write_header(self, p, cache: str, node) -> None:
+        """hotcache's header in the first 4 KiB of the SSD, with a UUID drawn when it runs
+        (a plan shows no random value), recorded as the SSD's signature."""
+        def write(ctx) -> dict:
+            if ctx.runner.dry_run:
+                return {}
+            drawn = str(uuid.uuid4())
+            header.write(ctx.resolve(node), header.render(cache, self.name, drawn))
+            return {"header_uuid": drawn}
+        state.remember(p, f"write hotcache's header (cache {cache}, a new UUID) in the first "
+                       f"{header.SIZE // 1024} KiB of the SSD: it proves which cache the SSD "
+                       "is, where serials can follow the slot", write)
 
     def stats(self, entry, nodes):
         names = state.of(entry, DmCacheState).names or dm_names(entry.spec["name"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from hotcache.provision.block import header
 from hotcache.provision.block.blockdev import fs_identity
 from hotcache.provision.block.host import Host
 
@@ -119,6 +120,15 @@ def probe(name: str, host: Host, *, signatures: bool = True) -> Seen:
     if signatures:
         sig = fs_identity(host, f"/dev/{name}")
         seen.sig_type, seen.sig_uuid = sig.get("TYPE"), sig.get("UUID")
+        if not seen.sig_type:
+            # hotcache's own header, where blkid knows no signature (raw dm-cache's SSD).
+            # Unreadable reads as no header: where one is expected, that is a conflict.
+            try:
+                mine = header.read(host, f"/dev/{name}")
+            except OSError:
+                mine = None
+            if mine:
+                seen.sig_type, seen.sig_uuid = header.TYPE, mine["uuid"]
         if "partuuid" not in ident and sig.get("PART_ENTRY_UUID"):
             seen.identity["partuuid"] = sig["PART_ENTRY_UUID"]
     return seen

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hotcache.provision import mapping
 from hotcache.provision.backends import recorded
-from hotcache.provision.block import blockdev, identity
+from hotcache.provision.block import blockdev, header, identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import BACKENDS, get as get_backend
@@ -291,6 +291,7 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: CacheEntry | None, de
                 p.refuse(f"{at}: {'; '.join(late)}. hotcache will not touch it, even with "
                          "wipe: true")
                 return
+        sigs = [*sigs, *_header_signature(p.env.host, dev.node)]
     else:
         sigs = dev.image_signatures
     # An existing image file with data in it is someone's, unless the mapping says
@@ -319,6 +320,16 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: CacheEntry | None, de
     p.run(f"erase every signature on {dev.ref.label} ({kinds}), as `wipe: true` allows",
           ["wipefs", "--all", dev.node], destructive=True)
     dev.fs = {}
+
+
+def _header_signature(host: Host, node: str) -> list[dict]:
+    """hotcache's own header (another cache's raw dm-cache SSD), which blkid and wipefs
+    do not know, as a signature to refuse like theirs."""
+    try:
+        mine = header.read(host, node)
+    except OSError:
+        return []       # blkid read it a moment ago; a device that fails now fails later
+    return [{"type": f"hotcache header of cache {mine.get('cache')}"}] if mine else []
 
 
 # --- planning --------------------------------------------------------------------

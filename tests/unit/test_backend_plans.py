@@ -253,10 +253,15 @@ def dm_built(fake, *, loaded=True, tables=("meta", "data", "cache")):
 
 
 def test_dmcache_blank_disks(fake):
+    """hotcache's header takes the SSD's first 4 KiB (8 sectors); the maps follow it.
+    (A cache recorded without one, DM_STATE, keeps its maps at 0.)"""
     assert plan(fake, "dm-cache") == [
         BUILDING,
         ["wipefs", "--all", "/dev/vdc"],
-        META, DATA,
+        "write hotcache's header (cache c1, a new UUID) in the first 4 KiB of the SSD: it "
+        "proves which cache the SSD is, where serials can follow the slot",
+        ["dmsetup", "create", "hc-c1-meta", "--table", "0 8192 linear /dev/vdc 8"],
+        ["dmsetup", "create", "hc-c1-data", "--table", "0 515968 linear /dev/vdc 8200"],
         ["dd", "if=/dev/zero", "of=/dev/mapper/hc-c1-meta", "bs=4096", "count=1",
          "oflag=direct"],
         ["dmsetup", "create", "hc-c1", "--table", DM_TABLE.format(mode="writethrough")],

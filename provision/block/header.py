@@ -1,0 +1,57 @@
+"""hotcache's own header: proof of which cache a device belongs to where the kernel's
+format carries none.
+
+Raw dm-cache metadata has no UUID that blkid shows, and a serial, WWN or by-id link can
+follow the slot rather than the disk (QEMU SATA, libvirt SCSI, cloned disks): two
+equal-size SSDs that swap slots would each pass for the other. So hotcache keeps the
+first 4 KiB of a raw dm-cache SSD for itself: a magic line and a JSON object naming the
+cache and a UUID drawn when it was built. The dm tables map only what follows it.
+Found again, the UUID is the signature that proves the device (block/identity.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from hotcache.provision.block.host import Host
+
+MAGIC = b"HOTCACHE-HEADER\n"
+SIZE = 4096                   # bytes kept at the start of the device
+SECTORS = SIZE // 512
+TYPE = "hotcache"             # the signature type identity.probe reports for it
+
+
+def render(cache: str, backend: str, uuid: str) -> bytes:
+    body = json.dumps({"format": 1, "cache": cache, "backend": backend, "uuid": uuid},
+                      sort_keys=True).encode() + b"\n"
+    return (MAGIC + body).ljust(SIZE, b"\0")
+
+
+def parse(data: bytes) -> dict | None:
+    """The header's fields; None when `data` does not start with one."""
+    if not data.startswith(MAGIC):
+        return None
+    line = data[len(MAGIC):].split(b"\n", 1)[0]
+    try:
+        fields = json.loads(line)
+    except ValueError:
+        return None
+    return fields if isinstance(fields, dict) and isinstance(fields.get("uuid"), str) else None
+
+
+def read(host: Host, node: str) -> dict | None:
+    """The header at the start of `node`, None when there is none. A device that cannot
+    be read raises OSError (never "no header")."""
+    with open(host.path(node), "rb") as f:
+        return parse(f.read(SIZE))
+
+
+def write(node: str, data: bytes) -> None:
+    """Write a rendered header at the start of block device `node`, synchronously."""
+    fd = os.open(node, os.O_WRONLY | os.O_SYNC | os.O_CLOEXEC)
+    try:
+        os.pwrite(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
