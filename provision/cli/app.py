@@ -10,7 +10,7 @@ from typer.exceptions import TyperException
 
 from hotcache.provision.cli import cache, commands, copies, kube, observe
 from hotcache.provision.cli.common import emit
-from hotcache.provision.errors import ExitCode, HotcacheError, OsFailure
+from hotcache.provision.errors import ExitCode, HotcacheError, OsFailure, UsageError
 
 HELP = {"help_option_names": ["-h", "--help"]}
 
@@ -64,6 +64,8 @@ def main() -> None:
         sys.stderr.write("hotcache: aborted\n")
         sys.exit(ExitCode.REFUSED)
     except TyperException as exc:  # usage errors: unknown option, missing argument
+        if "--json" in sys.argv:
+            emit(UsageError(exc.format_message()).to_json(), "error")
         exc.show()
         sys.exit(ExitCode.BAD_INPUT)
     except KeyboardInterrupt:

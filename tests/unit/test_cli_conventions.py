@@ -96,6 +96,14 @@ def test_an_os_error_is_a_message_and_its_exit_code_and_json(tmp_path, host_env)
         ("error", "OsFailure", "EEXIST", ExitCode.OS_ERROR)
 
 
+def test_a_usage_error_under_json_is_an_error_document():
+    proc = hotcache("status", "--json", "--no-such-option")
+    assert proc.returncode == ExitCode.BAD_INPUT
+    doc = json.loads(proc.stdout)
+    assert (doc["kind"], doc["error"], doc["exit_code"]) == ("error", "UsageError", 2)
+    assert "--no-such-option" in doc["message"] and "--no-such-option" in proc.stderr
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_an_os_error_injected_into_a_command_is_clean(monkeypatch, capsys, host_env, as_json):
     """One raised where no code expects it (the catalog read of `copies`)."""
@@ -171,3 +179,14 @@ def test_copy_dry_run_says_what_it_would_copy_and_copies_nothing(tmp_path, host_
     assert sorted((p.name, p.stat().st_mtime_ns) for p in dest.parent.rglob("*")) == before
     text = hotcache("copy", src, dest, "--dry-run", env=host_env).stdout
     assert text.startswith("dry run: would copy 1 files (1000 B)") and "nothing was copied" in text
+
+
+def test_every_command_that_changes_something_takes_dry_run(tmp_path, host_env):
+    for argv in (["apply"], ["teardown"], ["restore"], ["copy"], ["prune"], ["metrics-timer"]):
+        assert "--dry-run" in hotcache(*argv, "-h").stdout, argv
+    # metrics-timer's old name still works, unlisted, and means the same
+    assert "--check" not in hotcache("metrics-timer", "-h").stdout
+    args = ["metrics-timer", "--textfile", tmp_path / "m.prom", "--json"]
+    old, new = hotcache(*args, "--check", env=host_env), hotcache(*args, "--dry-run", env=host_env)
+    assert old.returncode == new.returncode == 0 and old.stdout == new.stdout, old.stderr
+    assert not (tmp_path / "units").exists()

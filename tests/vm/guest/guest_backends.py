@@ -83,6 +83,22 @@ def test_apply(backend):
     before = [l.split("=", 1)[1].split() for l in text.splitlines() if l.startswith("Before=")]
     assert [mount_unit(str(MOUNTS / backend)), "local-fs.target"] in before, text
     assert "WantedBy=local-fs.target" in text and "DefaultDependencies=no" in text
+    # it waits for the spec's own devices, through the device units udev's links make
+    # (systemd-escape reads each name back to the link), not for udev-settle
+    n = PARTITION[backend]
+    (wants,) = [l.split("=", 1)[1].split() for l in text.splitlines() if l.startswith("Wants=")]
+    paths = [sh("systemd-escape", "--unescape", "--path", w.removesuffix(".device")).stdout.strip()
+             for w in wants]
+    assert sorted(paths) == sorted([f"{HDD}-part{n}", f"{SSD}-part{n}"]), wants
+    assert all(os.path.exists(p) for p in paths) and "udev-settle" not in text
+    # udev's own properties (libudev, through pyudev) named the devices in the mapping
+    from hotcache.provision.block.host import Host
+
+    recorded = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name_of(backend)]
+    origin = recorded["devices"]["origin"]
+    props = Host().udev_properties(os.path.basename(os.path.realpath(f"{HDD}-part{n}")))
+    assert props["ID_SERIAL"] == "hdd" and props["ID_PART_ENTRY_UUID"]
+    assert origin["identity"]["partuuid"] == props["ID_PART_ENTRY_UUID"], origin
 
 
 def test_held_device_is_refused_even_with_wipe(built):
