@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from hotcache.provision.errors import MissingProgram
@@ -35,7 +36,7 @@ class Host:
     def __init__(self, runner: Runner | None = None, root: str | os.PathLike = "/"):
         self.runner = runner if runner is not None else Runner()
         self.root = Path(root)
-        self._udev = None       # pyudev's Context, made on first use
+        self._udev: Any = None  # pyudev's Context, made on first use
 
     @property
     def real(self) -> bool:

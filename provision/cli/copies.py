@@ -8,8 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from hotcache.provision.cli.common import (DryRunOpt, JobsOpt, JsonOpt, StateOpt, console,
-                                           emit, preload)
+from hotcache.provision.cli.common import JobsOpt, JsonOpt, StateOpt, console, emit, preload
 MetricsDirOpt = typer.Option(
     None, "--metrics-dir", envvar="HOTCACHE_METRICS_DIR", show_envvar=True, metavar="DIR",
     help="While running, publish bytes and files done and left as metrics in DIR (node_"

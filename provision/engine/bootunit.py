@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from hotcache.provision.system.atomic import write_atomic
@@ -77,7 +78,7 @@ def hotcache_program() -> str:
 
 
 def unit_text(cache: str, mountpoint: str, state: Path, fstab: Path,
-              program: str | None = None, *, devices: list[str] = ()) -> str:
+              program: str | None = None, *, devices: Sequence[str] = ()) -> str:
     from hotcache.provision.system.units import command
 
     mount = mount_unit(mountpoint)

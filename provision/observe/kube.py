@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import re
 import socket
+from typing import Any
 from pathlib import PurePosixPath
 
 from hotcache.provision.errors import UsageError
@@ -134,7 +135,7 @@ def job(copy: dict, namespace: str, image: str, uid: int, gid: int, shm: str,
     profile refuses, hence optional."""
     label = nodelabels.copy_label(copy["name"], copy["version"])
     labels = app_labels("training-job", _instance(copy))
-    spec = {
+    spec: dict[str, Any] = {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": dns_name("train", copy["name"], str(copy["version"])),
                      "namespace": namespace, "labels": labels},
@@ -205,7 +206,7 @@ def manifests(rows: list[dict], caches: dict, *, node: str | None = None,
                                   "verifies one")
     docs = [storage_class(sc)]
     docs += [volume(c, node, sc) for c in copies]
-    versions = {}
+    versions: dict[tuple[str, str], dict] = {}
     for c in copies:
         versions.setdefault((c["name"], str(c["version"])), c)
     for c in versions.values():

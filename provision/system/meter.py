@@ -1,7 +1,8 @@
 """Progress for long byte-moving work (copy, verify, warm): a rich bar with bytes/s and
 ETA on a terminal; elsewhere (Ansible, cron, a systemd unit, a pipe) one plain line on
-stderr every HOTCACHE_PROGRESS_SECONDS (default 30) with files, bytes, rate and ETA. The workers call `advance` (bytes) and `file_done`
-from many threads; `start` begins a phase with its totals. observe/progress.py adds a
+stderr every HOTCACHE_PROGRESS_SECONDS (default 30) with files, bytes, rate and ETA.
+The workers call `advance` (bytes) and `file_done` from many threads; `start` begins a
+phase with its totals. observe/progress.py adds a
 meter that publishes the same numbers as metrics while the command runs."""
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ class PlainMeter(NullMeter):
         self.interval = interval if interval is not None else progress_interval()
         self.out, self.clock = out or sys.stderr, clock
         self.lock = threading.Lock()
-        self.label, self.total_bytes, self.total_files = "", 0, None
+        self.label, self.total_bytes = "", 0
+        self.total_files: int | None = None
         self.bytes_done = self.files_done = 0
         self.began = clock()
         self._stop = threading.Event()
