@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from enum import StrEnum
 
+from hotcache.provision.system.strenum import StrEnum
 from hotcache.provision import mapping
 from hotcache.provision.block import blockdev
 from hotcache.provision.system import fstab

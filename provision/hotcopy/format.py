@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from enum import StrEnum
 from pathlib import Path
 
+from hotcache.provision.system.strenum import StrEnum
 from hotcache.provision.errors import UsageError
 
 FORMAT = 1

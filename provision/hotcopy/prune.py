@@ -14,20 +14,20 @@ A dry run by default. Nothing a process holds open (cwd, open file, mapping: the
 `teardown` uses) is touched. Deletion never follows a symlink: each candidate is reached
 from `/` one component at a time with O_NOFOLLOW, checked to be the very folder that
 was listed (device and inode), renamed aside in one step (readers never see half a
-copy) and removed with shutil.rmtree's directory-fd walk, which does not follow links.
+copy) and removed through directory descriptors (beneath.empty), which follow no links.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import shutil
 import stat
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hotcache.provision.errors import UsageError
+from hotcache.provision.system import beneath
 from hotcache.provision.hotcopy.format import METADATA, STAGING_SUFFIX, read_metadata
 
 OLD_SUFFIX = ".hotcache-old"
@@ -204,7 +204,13 @@ def remove(c: Candidate) -> None:
             f".{path.name.lstrip('.')}{PRUNING_SUFFIX}"
         if aside != path.name:
             os.rename(path.name, aside, src_dir_fd=parent, dst_dir_fd=parent)
-        shutil.rmtree(aside, dir_fd=parent)
+        # through descriptors (shutil.rmtree takes dir_fd only from Python 3.11)
+        folder = beneath.open_at(parent, aside, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            beneath.empty(folder)
+        finally:
+            os.close(folder)
+        os.rmdir(aside, dir_fd=parent)
         os.fsync(parent)
     finally:
         os.close(parent)

@@ -14,9 +14,9 @@ import os
 import re
 import time
 from dataclasses import asdict, dataclass
-from enum import StrEnum
 from pathlib import Path
 
+from hotcache.provision.system.strenum import StrEnum
 from hotcache.provision import mapping
 from hotcache.provision.backends import BACKENDS
 from hotcache.provision.backends.base import KERNEL_FIX
