@@ -49,13 +49,13 @@ def check_resample(resample: str) -> str:
 def decode_array(path: str | bytes, size: tuple[int, int], resample: str = "bilinear",
                  draft: bool = True) -> np.ndarray:
     """The image at `path` (or in these bytes) as uint8 (height, width, 3), resized to
-    size=(width, height)."""
+    size=(height, width), the order tf.image.resize and torchvision's Resize use."""
     if isinstance(path, bytes):
         data, path = path, io.BytesIO(path)
     else:
         with open(path, "rb") as f:
             data = f.read()
-    width, height = size
+    height, width = size
     if simplejpeg is not None and data[:2] == b"\xff\xd8":
         full_h, full_w = simplejpeg.decode_jpeg_header(data)[:2]
         scale = draft_scale((full_h, full_w), (height, width)) if draft else 1
@@ -81,12 +81,13 @@ def draft_scale(full: tuple[int, int], target: tuple[int, int]) -> int:
 
 def pillow_decode(path: str, size: tuple[int, int] | None, draft: bool = True,
                   resample: str = "bilinear"):
-    """A PIL RGB image, resized to size=(width, height) when given (scaled JPEG decoding
+    """A PIL RGB image, resized to size=(height, width) when given (scaled JPEG decoding
     first when `draft`: several times less work for nearly the same pixels)."""
     from PIL import Image
 
+    wh = (size[1], size[0]) if size else None    # Pillow counts (width, height)
     with Image.open(path) as im:
-        if draft and size:
-            im.draft("RGB", size)
+        if draft and wh:
+            im.draft("RGB", wh)
         img = im.convert("RGB")
-    return img.resize(size, _PIL_FILTER[resample]) if size else img
+    return img.resize(wh, _PIL_FILTER[resample]) if wh else img

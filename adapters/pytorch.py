@@ -37,7 +37,7 @@ from .timing import BatchTimer
 
 def decode_image(path: str, image_size: tuple[int, int] | None = None, draft: bool = True,
                  resample: str = "bilinear"):
-    """A JPEG/PNG file as a PIL RGB image, resized to (width, height) when asked.
+    """A JPEG/PNG file as a PIL RGB image, resized to image_size=(height, width) when asked.
 
     draft: a JPEG that is to be shrunk is decoded at the smallest DCT scale (1/2, 1/4,
     1/8) that still covers `image_size` (Pillow's `draft`, libjpeg's scaled decoding),
@@ -126,7 +126,7 @@ class ImageFolderDataset(Dataset):
         """A batch: a _Batch when it can be decoded in place, else a list of samples."""
         if not self.batches:
             return [self[i] for i in indices]
-        width, height = self.image_size
+        height, width = self.image_size
         shape = (len(indices), 3, height, width)
         if get_worker_info() is not None:     # as default_collate does: no extra copy
             images = torch.empty(0, dtype=torch.uint8).new_empty(shape).share_memory_()
@@ -324,87 +324,126 @@ def _needs_workers(persistent_workers, options: dict) -> bool:
                 or options.get("multiprocessing_context"))
 
 
-def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_size: int = 32,
-                shuffle: bool = True, num_workers: int | None = None,
-                pin_memory: bool | None = None, persistent_workers: bool | None = None,
-                prefetch_factor: int | None = None, drop_last: bool = False,
+def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_size: int | None = 32,
+                shuffle: bool | None = None, sampler=None, batch_sampler=None, generator=None,
+                num_workers: int | None = None, pin_memory: bool | None = None,
+                persistent_workers: bool | None = None, prefetch_factor: int | None = None,
+                drop_last: bool = False, collate_fn=None,
                 transform=None, decode: bool = True, image_size: tuple[int, int] | None = None,
                 resample: str = "bilinear", decode_threads: int | None = None,
-                collate_fn=None, distributed: bool | None = None, seed: int = 0,
+                distributed: bool | None = None, seed: int = 0,
                 order_file: str | os.PathLike | None = None,
                 name: str = "train", log_every: int = 100, log_path=None,
                 clock=perf_counter, **loader_options) -> TimedLoader:
-    """A timed DataLoader over `dataset`, or over the image folder at `root`
-    (default: `data_root()`, which logs where the data really comes from).
+    """A torch DataLoader over `dataset`, or over the image folder at `root` (default:
+    `data_root()`, which logs where the data really comes from), wrapped in a TimedLoader.
 
-    Defaults: workers from the CPU count (one per CPU; when whole batches decode in
-    threads, none up to four CPUs and one per four CPUs above), pin_memory when CUDA is
-    there, persistent workers, prefetch_factor 4, and a DistributedSampler when
-    torch.distributed is initialised (`distributed=True/False` overrides). When the
-    default is no workers, a thread reads prefetch_factor (default 4) batches ahead; an
-    explicit num_workers=0 loads each batch when the loop asks, as DataLoader does; and
-    options only workers take (persistent_workers, timeout, worker_init_fn,
-    multiprocessing_context) get one worker instead.
+    Every DataLoader keyword is passed through (`**loader_options` takes the rest:
+    timeout, worker_init_fn, multiprocessing_context, in_order...). What make_loader adds
+    to DataLoader:
+    - timing: every batch fetch is timed (TimedLoader, see timing.py), with the workers'
+      load time per batch; a summary is logged every `log_every` batches and per epoch.
+    - decode: over an image folder with `image_size=(height, width)` and no `transform`,
+      each process decodes whole batches in `decode_threads` threads (default: the CPUs
+      left over per worker) straight into one uint8 N×3×H×W tensor, resized with
+      `resample` ("bilinear", tf.image.resize's filter; see adapters/decode.py).
+    - order file (order_file or $DATA_ORDER_FILE): a shuffle whose order depends on
+      (seed, epoch) alone, and the next epoch's cold files written there in reading
+      order as each epoch starts, for `hotcache warm COLD_ROOT --order FILE`
+      (adapters/order.py). Image-folder datasets on one rank only.
 
-    Images: with `image_size` and no `transform`, each process decodes whole batches in
-    `decode_threads` threads (default: the CPUs left over per worker, at least 1)
-    straight into one uint8 N×3×H×W tensor, resized with `resample` ("bilinear" by
-    default, the same filter as tf.data's `tf.image.resize`; see adapters/decode.py).
-
-    order_file (default: $DATA_ORDER_FILE): shuffle with an order that depends on
-    (seed, epoch) alone and, as each epoch starts, write the next epoch's cold files
-    there in reading order, for `hotcache warm COLD_ROOT --order FILE` (adapters/order.py).
-    Image-folder datasets only; not with a DistributedSampler."""
+    Its defaults, where DataLoader's differ:
+    - order: a sampler or batch_sampler you give decides it, and make_loader adds none;
+      otherwise it shuffles (shuffle=None means yes) with `generator`, or one seeded with
+      `seed`, and uses a DistributedSampler when torch.distributed is initialised
+      (`distributed=True/False` overrides).
+    - workers: one per CPU of this rank's share, at most 8; when whole batches decode in
+      threads, none up to four CPUs (a thread reads prefetch_factor batches ahead) and one
+      per four CPUs above. An explicit num_workers=0 loads each batch when the loop asks,
+      as DataLoader does; options only workers take (persistent_workers, timeout,
+      worker_init_fn, multiprocessing_context) get one worker instead of none.
+    - pin_memory when CUDA is there, persistent workers, prefetch_factor 4."""
     built = dataset is None
     if built:
-        dataset = ImageFolderDataset(root, transform=transform, decode=decode, image_size=image_size,
-                                     resample=resample)
-    read_ahead = num_workers is None    # an explicit num_workers=0 stays synchronous
-    if num_workers is None:
-        # Fewer processes only where this call also sets the threads that make up for them.
-        num_workers = default_workers(batched=built and dataset.batches)
-        if num_workers == 0 and _needs_workers(persistent_workers, loader_options):
-            num_workers = 1
-    if decode_threads is None:
-        decode_threads = default_decode_threads(num_workers)
-    if built:
-        dataset.threads = max(1, int(decode_threads))
-    if pin_memory is None:
-        pin_memory = torch.cuda.is_available()
-    if persistent_workers is None:
-        persistent_workers = num_workers > 0
-    # Without worker processes a thread reads ahead, as deep as workers would.
-    ahead = prefetch_factor or 4
-    if num_workers == 0:
-        if read_ahead:
-            prefetch_factor = None  # the read-ahead thread takes it; else DataLoader judges it
-    elif prefetch_factor is None:
-        prefetch_factor = 4
-    if distributed is None:
-        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        dataset = ImageFolderDataset(root, transform=transform, decode=decode,
+                                     image_size=image_size, resample=resample)
+    workers = _workers(dataset if built else None, num_workers, decode_threads,
+                       persistent_workers, prefetch_factor, loader_options)
     # An IterableDataset has no index to time per sample, and shards itself across
     # ranks and workers: it goes to the DataLoader as it is.
     stamped = not isinstance(dataset, IterableDataset)
-    sampler = None
-    if not stamped:
-        shuffle = distributed = False
-    if distributed:
-        sampler = DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
-        shuffle = False            # the sampler shuffles; DataLoader refuses both
+    order = _order(dataset, stamped, shuffle=shuffle, sampler=sampler,
+                   batch_sampler=batch_sampler, generator=generator, distributed=distributed,
+                   seed=seed, drop_last=drop_last, order_file=order_file)
+    if batch_sampler is not None:       # DataLoader takes no batch_size beside it
+        batch_size, drop_last = 1, False
+    loader = DataLoader(_Stamped(dataset) if stamped else dataset, batch_size=batch_size,
+                        drop_last=drop_last, **order, **workers.options,
+                        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+                        collate_fn=_StampedCollate(collate_fn) if stamped else collate_fn,
+                        **loader_options)
+    return TimedLoader(loader, dataset, stamped=stamped, name=name, log_every=log_every,
+                       log_path=log_path, clock=clock, prefetch=workers.read_ahead)
+
+
+class _Workers:
+    """How a loader loads: DataLoader's worker options, and how many batches a thread
+    reads ahead in the training process (0: none)."""
+
+    def __init__(self, options: dict, read_ahead: int):
+        self.options, self.read_ahead = options, read_ahead
+
+
+def _workers(built: ImageFolderDataset | None, num_workers: int | None,
+             decode_threads: int | None, persistent_workers: bool | None,
+             prefetch_factor: int | None, loader_options: dict) -> _Workers:
+    """Worker processes and decode threads (see make_loader's defaults). `built`: the
+    image-folder dataset make_loader made, whose decode threads are set here."""
+    default = num_workers is None       # an explicit num_workers=0 stays synchronous
+    if num_workers is None:
+        # Fewer processes only where this call also sets the threads that make up for them.
+        num_workers = default_workers(batched=built is not None and built.batches)
+        if num_workers == 0 and _needs_workers(persistent_workers, loader_options):
+            num_workers = 1
+    if built is not None:
+        threads = default_decode_threads(num_workers) if decode_threads is None else decode_threads
+        built.threads = max(1, int(threads))
+    if persistent_workers is None:
+        persistent_workers = num_workers > 0
+    read_ahead = 0
+    if num_workers == 0:
+        if default:   # without worker processes a thread reads ahead, as deep as workers would
+            read_ahead, prefetch_factor = prefetch_factor or 4, None
+    elif prefetch_factor is None:
+        prefetch_factor = 4
+    return _Workers({"num_workers": num_workers, "persistent_workers": persistent_workers,
+                     "prefetch_factor": prefetch_factor}, read_ahead)
+
+
+def _order(dataset, stamped: bool, *, shuffle: bool | None, sampler, batch_sampler, generator,
+           distributed: bool | None, seed: int, drop_last: bool, order_file) -> dict:
+    """DataLoader's shuffle, sampler, batch_sampler and generator: the caller's own where
+    given, else a seeded shuffle, a DistributedSampler or an EpochOrder (order file)."""
+    own = sampler is not None or batch_sampler is not None
+    if shuffle is None:
+        shuffle = stamped and not own
+    if distributed is None:
+        distributed = stamped and not own and torch.distributed.is_available() \
+            and torch.distributed.is_initialized()
     order_file = order_file or os.environ.get(ENV_ORDER) or None
     if order_file:
-        if distributed or not shuffle or not hasattr(dataset, "paths"):
+        if own or distributed or not shuffle or not hasattr(dataset, "paths"):
             raise ValueError(f"order_file={order_file}: the next epoch's order is written only "
-                             f"for a shuffled image-folder dataset on one rank; drop "
-                             f"order_file (or unset {ENV_ORDER}) for this loader")
+                             f"for make_loader's own shuffle of an image-folder dataset on one "
+                             f"rank; drop order_file (or unset {ENV_ORDER}) for this loader")
         sampler, shuffle = EpochOrder(dataset, seed, order_file), False
-    generator = torch.Generator().manual_seed(seed) if shuffle else None
-    loader = DataLoader(_Stamped(dataset) if stamped else dataset, batch_size=batch_size,
-                        shuffle=shuffle, sampler=sampler, num_workers=num_workers,
-                        pin_memory=pin_memory, persistent_workers=persistent_workers,
-                        prefetch_factor=prefetch_factor, drop_last=drop_last,
-                        collate_fn=_StampedCollate(collate_fn) if stamped else collate_fn,
-                        generator=generator, **loader_options)
-    return TimedLoader(loader, dataset, stamped=stamped, name=name, log_every=log_every,
-                       log_path=log_path, clock=clock,
-                       prefetch=ahead if read_ahead and num_workers == 0 else 0)
+    elif distributed:
+        if own:
+            raise ValueError("distributed=True with your own sampler: give a "
+                             "DistributedSampler yourself, or leave distributed unset")
+        sampler = DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        shuffle = False            # the sampler shuffles; DataLoader refuses both
+    if generator is None and shuffle:
+        generator = torch.Generator().manual_seed(seed)
+    return {"shuffle": shuffle, "sampler": sampler, "batch_sampler": batch_sampler,
+            "generator": generator}

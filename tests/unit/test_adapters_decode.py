@@ -38,7 +38,7 @@ def test_batched_loader_gives_the_per_sample_pixels_shapes_and_label_order(tmp_p
     assert loader.dataset.threads == 3
     seen = 0
     for images, labels in loader:
-        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 12, 16)
+        assert images.dtype == torch.uint8 and images.shape[1:] == (3, 16, 12)
         assert images.is_contiguous() and labels.dtype == torch.int64
         for k in range(len(labels)):
             img, label = ds[seen + k]
@@ -94,6 +94,28 @@ def test_resize_matches_tf_data_bilinear(tmp_path):
     pillow = np.asarray(pt.decode_image(path, (224, 224))).astype(int)
     assert ours.shape == theirs.shape == (224, 224, 3)
     assert np.abs(ours - theirs).mean() < 1.5 < np.abs(pillow - theirs).mean()
+
+
+def test_image_size_is_height_width_in_both_loaders(tmp_path):
+    """image_size=(height, width), as tf.image.resize, torchvision and Keras read it: the
+    same non-square size gives batches of the same height and width from make_loader
+    (batched and per-sample decoding) and make_dataset."""
+    pytest.importorskip("tensorflow")
+    from hotcache.adapters import make_dataset
+
+    root = noisy_jpegs(tmp_path / "ds", n=3, size=(64, 48))
+    size = (12, 20)
+    batched, _ = next(iter(make_loader(root, batch_size=3, num_workers=0, shuffle=False,
+                                       image_size=size, log_every=0)))
+    per_sample, _ = next(iter(make_loader(root, batch_size=3, num_workers=0, shuffle=False,
+                                          image_size=size, transform=pt.to_tensor,
+                                          log_every=0)))
+    tf_batch, _ = next(iter(make_dataset(root, batch_size=3, image_size=size, shuffle=False)))
+    assert tuple(batched.shape) == tuple(per_sample.shape) == (3, 3, 12, 20)
+    assert tuple(tf_batch.shape) == (3, 12, 20, 3)
+    # the same files in the same order, resized by the same filter: close pixels
+    ours = batched.permute(0, 2, 3, 1).numpy().astype(int)
+    assert np.abs(ours - tf_batch.numpy().astype(int)).mean() < 8
 
 
 def test_unknown_resample_is_refused_with_the_choices(tmp_path):

@@ -193,7 +193,7 @@ def test_scaled_jpeg_decoding_gives_the_same_size_and_nearly_the_same_pixels(tmp
     full = ImageFolderDataset(tmp_path, image_size=(16, 12), draft=False)
     for i in range(len(fast)):
         (a, la), (b, lb) = fast[i], full[i]
-        assert a.shape == b.shape == (3, 12, 16) and la == lb
+        assert a.shape == b.shape == (3, 16, 12) and la == lb
         assert (a.int() - b.int()).abs().max() <= 8
 
 
@@ -299,3 +299,48 @@ def test_options_that_need_a_worker_process_get_one_on_small_hosts(monkeypatch, 
         assert loader.iterable is loader.loader
         assert sum(len(b[1]) for b in loader) == len(made)
     assert (tmp_path / "worker-0").exists()
+
+
+class Numbers(torch.utils.data.Dataset):
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, index):
+        return index
+
+
+def batches(loader) -> list[list[int]]:
+    return [b.tolist() for b in loader]
+
+
+def test_the_users_sampler_batch_sampler_and_generator_decide_the_order():
+    """DataLoader's keywords pass through: a user's sampler is used as it is (make_loader
+    adds no shuffle of its own), a batch_sampler makes the batches, a generator drives
+    the shuffle; other DataLoader keywords go through too."""
+    data = Numbers()
+    seq = make_loader(dataset=data, sampler=torch.utils.data.SequentialSampler(data),
+                      batch_size=5, num_workers=0, log_every=0)
+    assert batches(seq) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
+    assert isinstance(seq.loader.sampler, torch.utils.data.SequentialSampler)
+
+    backwards = make_loader(dataset=data, sampler=list(range(11, -1, -1)), batch_size=6,
+                            num_workers=0, log_every=0)
+    assert batches(backwards) == [[11, 10, 9, 8, 7, 6], [5, 4, 3, 2, 1, 0]]
+
+    pairs = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(data), 2, False)
+    assert batches(make_loader(dataset=data, batch_sampler=pairs, num_workers=0,
+                               log_every=0))[:2] == [[0, 1], [2, 3]]
+
+    def shuffled(seed: int) -> list[list[int]]:
+        return batches(make_loader(dataset=data, generator=torch.Generator().manual_seed(seed),
+                                   batch_size=12, num_workers=0, log_every=0, in_order=True))
+    plain = torch.utils.data.DataLoader(data, batch_size=12, shuffle=True,
+                                        generator=torch.Generator().manual_seed(3))
+    assert shuffled(3) == batches(plain) and shuffled(3) != shuffled(4)
+
+
+def test_an_order_file_with_the_users_sampler_is_refused(tmp_path):
+    data = Numbers()
+    with pytest.raises(ValueError, match="order_file"):
+        make_loader(dataset=data, sampler=torch.utils.data.SequentialSampler(data),
+                    order_file=tmp_path / "order.txt", num_workers=0, log_every=0)
