@@ -6,7 +6,9 @@ log line that says which of the two a training job really read.
     root = data_root(hot="/mnt/hot/ds", cold="/data/ds")   # tiered: see tiered.py
 
 The line is logged once per call on the `hotcache.adapters` logger, as `key=value` text,
-or as one JSON object when `json_log=True` or HOTCACHE_LOG_JSON=1.
+or as one JSON object when `json_log=True` or HOTCACHE_LOG=json; a script that set up
+no logging shows it on stderr (see logs.py). A DataRoot is the path wherever a path
+goes: `open()`, `os.path`, `str(root)`, `f"{root}/train-{{000..099}}.tar"`.
 
 In a container the data is a bind mount of a folder of the host's cache filesystem. What
 the container sees can go stale: bind mounts default to `rprivate`, so after the host
@@ -32,13 +34,11 @@ from .errors import DataRootError
 from hotcache.provision.hotcopy.format import STAGING_SUFFIX, CopyState, copy_state, staging_dir
 
 from .blockinfo import SYS_DEV_BLOCK, Backing, backing_of
+from .logs import mode, ready
 from .tiered import ENV_COLD, Tiers, count_files
-
-log = logging.getLogger("hotcache.adapters")
 
 ENV = "DATA_ROOT"
 ENV_EXPECT = "DATA_ROOT_EXPECT"
-ENV_JSON = "HOTCACHE_LOG_JSON"
 ENV_STATE = "HOTCACHE_STATE"
 EXPECT = (None, "hot", "partial", "any")
 DEFAULT_STATE = "/etc/hotcache/mappings.yaml"
@@ -80,7 +80,10 @@ class HotCopy:
 
 
 @dataclass(frozen=True)
-class DataRoot:
+class DataRoot(os.PathLike):
+    """The data root a job reads, and what it is. `str()`, f-strings and `os.fspath()`
+    give the path; `root / "train"` is a Path."""
+
     path: Path
     source: str                      # "DATA_ROOT" or "default"
     copy: HotCopy
@@ -107,6 +110,12 @@ class DataRoot:
 
     def __fspath__(self) -> str:
         return str(self.path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.path), spec)
 
     def __truediv__(self, other) -> Path:
         return self.path / other
@@ -285,10 +294,12 @@ def data_root(default: str | os.PathLike | None = None, expect: str | None = Non
                             hint="use expect='hot', expect='partial' or leave it unset")
     root = describe(path, source, _cold_root(cold))
     if json_log is None:
-        json_log = os.environ.get(ENV_JSON, "") not in ("", "0")
-    (logger or log).info(json.dumps(root.to_dict(), sort_keys=True) if json_log else root.log_line())
-    if root.view.state == "stale":
-        (logger or log).warning(f"data_root STALE: {root.view.reason}")
+        json_log = mode() == "json"
+    target = ready(logger)
+    if target is not None:
+        target.info(json.dumps(root.to_dict(), sort_keys=True) if json_log else root.log_line())
+    if root.view.state == "stale" and (target := ready(logger, logging.WARNING)):
+        target.warning(f"data_root STALE: {root.view.reason}")
     if expect == "hot" and root.hot == "partial":
         raise DataRootError(f"{ENV} {path} is a partial hot copy ({root.fraction:.0%} of its "
                             f"source's files), and a whole hot copy was expected",

@@ -25,9 +25,8 @@ import os
 from dataclasses import asdict, dataclass
 from time import perf_counter, time
 
+from .logs import log, mode, ready
 from .standin import StandsIn
-
-log = logging.getLogger("hotcache.adapters")
 
 ENV_LOG = "HOTCACHE_TIMING_LOG"
 HIGHLY = 0.20
@@ -193,7 +192,9 @@ class BatchTimer(StandsIn):
         loads = self.worker_loads.append
         stamped = self.stamped or self._tiered
         # No periodic work at all when nobody would read it.
-        every = self.log_every if (self.log_path or self.logger.isEnabledFor(logging.INFO)) else 0
+        target = ready(self.logger)
+        every = self.log_every if (self.log_path or (target is not None and
+                                                    target.isEnabledFor(logging.INFO))) else 0
         countdown = every or -1
         t0 = clock()
         try:
@@ -258,8 +259,12 @@ class BatchTimer(StandsIn):
 
 def emit(summary: Summary, *, final: bool, logger: logging.Logger = log, log_path=None) -> None:
     """Log a summary, and append it as one JSON line to `log_path` when given."""
-    if logger.isEnabledFor(logging.INFO):
-        logger.info("%s%s", "timing " if final else "timing (so far) ", summary.line())
+    target = ready(logger)
+    if target is not None and target.isEnabledFor(logging.INFO):
+        if mode() == "json":
+            target.info("%s", json.dumps({**summary.to_dict(), "final": final}))
+        else:
+            target.info("%s%s", "timing " if final else "timing (so far) ", summary.line())
     if log_path:
         record = {**summary.to_dict(), "final": final, "time": time(), "pid": os.getpid()}
         with open(log_path, "a") as f:

@@ -34,7 +34,7 @@ def test_cache_then_hot_copy_then_data_root(sandbox, monkeypatch, caplog):
     assert rc == 0 and any(c.get("name") == "ds" for c in doc["copies"]), doc
 
     caplog.set_level(logging.INFO, logger="hotcache.adapters")
-    monkeypatch.setenv("HOTCACHE_LOG_JSON", "1")
+    monkeypatch.setenv("HOTCACHE_LOG", "json")
     monkeypatch.setenv("DATA_ROOT", str(dest))
     assert data_root().copy.state == "unverified", "hashed while copying, not yet read back"
     hotcache("verify", dest, "--full", check=True)

@@ -127,7 +127,7 @@ def test_container_view_of_a_bind_mounted_hot_copy(sandbox, slash_data):
     src = make_dataset(sandbox / "src")
     hotcache("copy", src, mp / "toy", "--name", "toy", "--version", "3", "--verify", check=True)
     env = {**os.environ, "HOT_COPY": str(mp / "toy"), "HOST_MOUNT": str(mp), "PY": sys.executable,
-           "DATA_ROOT": "/data", "DATA_ROOT_EXPECT": "hot", "HOTCACHE_LOG_JSON": "1"}
+           "DATA_ROOT": "/data", "DATA_ROOT_EXPECT": "hot", "HOTCACHE_LOG": "json"}
     proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                              CONTAINER], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -204,7 +204,7 @@ def runc_bundle(root: Path, hot_copy: Path, state_dir: Path) -> Path:
         terminal=False, user={"uid": 1000, "gid": 1000},
         args=[str(venv / "bin" / "python"), "-m", "hotcache.adapters"],
         env=["PATH=/usr/bin:/bin", "DATA_ROOT=/data", "DATA_ROOT_EXPECT=hot",
-             "HOTCACHE_LOG_JSON=1", "HOTCACHE_STATE=/hotcache/mappings.yaml"])
+             "HOTCACHE_LOG=json", "HOTCACHE_STATE=/hotcache/mappings.yaml"])
     config["process"].pop("rlimits", None)
     config["linux"].pop("resources", None)
     (bundle / "config.json").write_text(json.dumps(config))

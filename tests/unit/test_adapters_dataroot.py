@@ -51,7 +51,7 @@ def test_exactly_one_text_line_per_call_with_rank(roots, monkeypatch, caplog):
     monkeypatch.setenv("DATA_ROOT", str(hot / "cat"))           # a folder inside the copy
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.delenv("HOTCACHE_LOG_JSON", raising=False)
+    monkeypatch.delenv("HOTCACHE_LOG", raising=False)
     root = data_root()
     (line,) = lines(caplog)
     assert line.startswith(f"data_root path={hot / 'cat'} ")
@@ -62,7 +62,7 @@ def test_exactly_one_text_line_per_call_with_rank(roots, monkeypatch, caplog):
 def test_json_when_env_asks(roots, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="hotcache.adapters")
     monkeypatch.setenv("DATA_ROOT", str(roots[1]))
-    monkeypatch.setenv("HOTCACHE_LOG_JSON", "1")
+    monkeypatch.setenv("HOTCACHE_LOG", "json")
     data_root()
     assert json.loads(lines(caplog)[0])["event"] == "data_root"
 
@@ -181,3 +181,69 @@ def test_import_pulls_in_no_framework_and_no_cli_library():
             "if m in sys.modules]; print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_data_root_is_its_path_in_str_fstrings_and_fspath(roots, monkeypatch):
+    monkeypatch.setenv("DATA_ROOT", str(roots[1]))
+    root = data_root()
+    assert isinstance(root, os.PathLike)
+    assert str(root) == os.fspath(root) == f"{root}" == str(roots[1])
+    assert f"{root}/train-{{000..099}}.tar" == f"{roots[1]}/train-{{000..099}}.tar"
+    assert f"{root:>{len(str(roots[1])) + 2}}" == "  " + str(roots[1])
+    assert repr(root).startswith("DataRoot(path=")          # the repr still tells it all
+
+
+PLAIN_SCRIPT = """
+from hotcache.adapters import data_root, timed
+root = data_root()
+for batch in timed(range(3), name="plain"):
+    pass
+"""
+
+
+def run_plain(env: dict, script: str = PLAIN_SCRIPT) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k != "HOTCACHE_LOG"}
+    return subprocess.run([sys.executable, "-c", script], env={**full, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_plain_script_shows_the_line_on_stderr(roots):
+    """A script that configured no logging still shows data_root's resolved path and
+    timed()'s summary, on stderr; stdout stays the script's own."""
+    done = run_plain({"DATA_ROOT": str(roots[1] / "cat" / "..")})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+    assert f"INFO hotcache.adapters: data_root path={roots[1]} " in done.stderr
+    assert "hot=yes" in done.stderr
+    assert "INFO hotcache.adapters: timing plain epoch=0 batches=3 " in done.stderr
+
+
+def test_hotcache_log_silences_the_lines_or_makes_them_json(roots):
+    silent = run_plain({"DATA_ROOT": str(roots[1]), "HOTCACHE_LOG": "off"})
+    assert silent.returncode == 0 and silent.stderr == "" and silent.stdout == ""
+
+    as_json = run_plain({"DATA_ROOT": str(roots[1]), "HOTCACHE_LOG": "json"})
+    assert as_json.returncode == 0, as_json.stderr
+    records = [json.loads(line.split(": ", 1)[1]) for line in as_json.stderr.splitlines()]
+    assert [r["event"] for r in records] == ["data_root", "batch_timing"]
+    assert records[0]["path"] == str(roots[1]) and records[1]["batches"] == 3
+
+    bad = run_plain({"DATA_ROOT": str(roots[1]), "HOTCACHE_LOG": "loud"})
+    assert bad.returncode != 0 and "HOTCACHE_LOG='loud'" in bad.stderr
+    assert "text, json, off" in bad.stderr
+
+
+def test_configured_logging_decides_and_the_default_handler_stands_aside(roots):
+    """Once the application sets up logging, the line goes through its handlers and
+    levels, once, and no longer to the default stderr handler."""
+    configured = PLAIN_SCRIPT.replace(
+        "root = data_root()", "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO, stream=sys.stdout, format='app %(message)s')\n"
+        "root = data_root()")
+    shown = run_plain({"DATA_ROOT": str(roots[1])}, configured)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stderr == ""
+    assert shown.stdout.count("app data_root path=") == 1
+    quiet = run_plain({"DATA_ROOT": str(roots[1])}, configured.replace("level=logging.INFO",
+                                                                       "level=logging.WARNING"))
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""

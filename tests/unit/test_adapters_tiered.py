@@ -19,7 +19,7 @@ PER_CLASS = 6
 @pytest.fixture
 def tiers(tmp_path, monkeypatch):
     """cold: 18 JPEGs; hot: a verified copy of the even-numbered half, other bytes."""
-    for var in ("DATA_ROOT", "DATA_COLD_ROOT", "DATA_ROOT_EXPECT", "HOTCACHE_LOG_JSON"):
+    for var in ("DATA_ROOT", "DATA_COLD_ROOT", "DATA_ROOT_EXPECT", "HOTCACHE_LOG"):
         monkeypatch.delenv(var, raising=False)
     cold = tmp_path / "cold"
     rels = [r for r, _ in make_jpegs(cold, per_class=PER_CLASS)]

@@ -1,0 +1,79 @@
+"""Where the adapters' lines go: the `hotcache.adapters` logger, visible by default.
+
+A training script that configured no logging still shows data_root's line and timed()'s
+summaries on stderr, like this:
+
+    INFO hotcache.adapters: data_root path=/mnt/ssd/imagenet source=DATA_ROOT hot=yes ...
+
+While the root logger has no handler, a stderr handler on `hotcache.adapters` prints
+them (what PyTorch Lightning does for its own logger); once the application configures
+logging (basicConfig, dictConfig, a framework), the lines go through its handlers and
+levels instead, and this handler stands aside.
+
+One environment variable, HOTCACHE_LOG, chooses the form:
+    text   key=value lines (the default)
+    json   one JSON object per line
+    off    no lines (warnings, such as a stale view of the data, still are; the JSON
+           lines file of HOTCACHE_TIMING_LOG is still written)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from hotcache.provision.errors import UsageError
+
+NAME = "hotcache.adapters"
+ENV = "HOTCACHE_LOG"
+MODES = ("text", "json", "off")
+
+log = logging.getLogger(NAME)
+
+
+def mode() -> str:
+    """HOTCACHE_LOG, checked: text, json or off."""
+    raw = os.environ.get(ENV, "").strip().lower() or "text"
+    if raw not in MODES:
+        raise UsageError(f"{ENV}={os.environ[ENV]!r} is not understood",
+                         hint=f"set {ENV} to one of {', '.join(MODES)}, or unset it")
+    return raw
+
+
+class _Unconfigured(logging.StreamHandler):
+    """stderr, only while nobody configured logging (the root logger has no handler)."""
+
+    def __init__(self) -> None:
+        super().__init__()      # sys.stderr, looked up at each line
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if logging.getLogger().handlers:
+            return False
+        return bool(super().handle(record))
+
+
+_default = _Unconfigured()
+_level_set = False     # whether the INFO level on our logger is ours (not the user's)
+
+
+def ready(logger: logging.Logger | None = None, level: int = logging.INFO
+          ) -> logging.Logger | None:
+    """The logger to write a line of `level` to, made visible where logging is
+    unconfigured; None for an info line when HOTCACHE_LOG=off. Call it before each line:
+    it follows the application's logging setup as it changes."""
+    global _level_set
+    if mode() == "off" and level < logging.WARNING:
+        return None
+    if logger is not None and logger is not log:
+        return logger               # the caller's own logger: its setup, untouched
+    if _default not in log.handlers:
+        log.addHandler(_default)
+    unconfigured = not logging.getLogger().handlers
+    if unconfigured and log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)  # the root logger's WARNING would drop the line
+        _level_set = True
+    elif not unconfigured and _level_set:
+        log.setLevel(logging.NOTSET)  # configured now: its levels decide
+        _level_set = False
+    return log
