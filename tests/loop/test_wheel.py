@@ -1,18 +1,25 @@
 """The built wheel holds every module, and `hotcache --help` runs from a fresh venv with
-only that wheel (and its declared dependencies) installed.
+only that wheel (and its declared dependencies) installed; installed into a training
+environment, it keeps the torch and TensorFlow builds already there.
 
 pyproject.toml lists the packages by hand (package-dir maps provision/ and adapters/
 into one namespace); an editable install imports a subpackage missing from that list,
-a wheel does not. This test is the check on the list."""
+a wheel does not. This test is the check on the list.
+
+The frameworks' wheels are large: pip's own cache (~/.cache/pip) keeps them between
+runs, so only a machine's first run downloads them."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 import venv
 import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = {"provision": "hotcache/provision", "adapters": "hotcache/adapters"}
@@ -23,7 +30,7 @@ def build_wheel(out: Path) -> Path:
     slip stale modules into the wheel and hide a missing package."""
     src = out / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, src / name)
     for folder in FOLDERS:
         shutil.copytree(ROOT / folder, src / folder,
@@ -40,16 +47,94 @@ def expected_modules() -> set[str]:
             for folder in FOLDERS for p in (ROOT / folder).rglob("*.py")}
 
 
-def test_wheel_holds_every_module_and_its_command_runs(tmp_path):
-    wheel = build_wheel(tmp_path)
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+def make_venv(path: Path) -> Path:
+    venv.EnvBuilder(with_pip=True).create(path)
+    return path / "bin"
+
+
+def pip(bindir: Path, *args) -> None:
+    subprocess.run([bindir / "python", "-m", "pip", "--disable-pip-version-check", "--quiet",
+                    *map(str, args)], check=True, timeout=1200)
+
+
+def installed(bindir: Path) -> dict[str, str]:
+    """Distribution name (normalised) -> version, as the venv's importlib.metadata says."""
+    out = subprocess.run(
+        [bindir / "python", "-c", "import json, importlib.metadata as m; print(json.dumps("
+         "{d.metadata['Name'].lower().replace('_', '-'): d.version for d in m.distributions()}))"],
+        capture_output=True, text=True, check=True, timeout=120)
+    return json.loads(out.stdout)
+
+
+def test_wheel_metadata_leaves_the_frameworks_to_the_user(wheel):
+    """Lower bounds for the frameworks, no CPU-only variant, no OpenCV; Python 3.10;
+    the licence and the type markers travel with the wheel."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        (meta,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        lines = zf.read(meta).decode().splitlines()
+    requires = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:")]
+    framework = [r for r in requires if r.startswith(("torch", "tensorflow"))]
+    assert "torch>=2.1; extra == \"torch\"" in framework
+    assert "tensorflow>=2.16; extra == \"tf\"" in framework
+    assert not [r for r in framework if "==" in r.split(";")[0] or r.startswith("tensorflow-")]
+    assert not [r for r in requires if "opencv" in r and "extra == \"dev\"" not in r]
+    assert "Requires-Python: >=3.10" in lines
+    assert {"hotcache/provision/py.typed", "hotcache/adapters/py.typed"} <= names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+
+
+# Other builds than the CI's own (.ci/constraints.txt: torch 2.13.0+cpu, tensorflow-cpu
+# 2.21.0), as a training image brings them.
+USERS_TORCH = "torch==2.14.1"
+USERS_TF = "tensorflow==2.20.0"
+
+
+def test_hotcache_torch_keeps_the_users_torch(wheel, tmp_path):
+    """The user's torch is PyPI's 2.14.1, the CUDA build a GPU image has. It goes in
+    without its CUDA libraries (some 3 GB, and nothing here imports torch), so pip's
+    real resolver is asked what `pip install hotcache[torch]` would do (--dry-run
+    --report: the same resolution, nothing written) - it would also fetch those
+    libraries, as torch's own dependencies, never a torch."""
+    bindir = make_venv(tmp_path / "venv")
+    pip(bindir, "install", "--no-deps", USERS_TORCH)
+    report = tmp_path / "report.json"
+    pip(bindir, "install", "--dry-run", "--report", report, f"{wheel}[torch]")
+    plan = {i["metadata"]["name"].lower(): i["metadata"]["version"]
+            for i in json.loads(report.read_text())["install"]}
+    assert plan.get("hotcache") == "0.1.0"
+    assert not {name for name in plan if name == "torch" or name.startswith("torch-")}, plan
+    assert installed(bindir)["torch"] == "2.14.1"
+
+
+def test_hotcache_tf_keeps_the_users_tensorflow(wheel, tmp_path):
+    """A real install: the user's TensorFlow 2.20 (with its dependencies), then
+    hotcache[tf] from the wheel; TensorFlow is the same version, and no second
+    TensorFlow distribution (tensorflow-cpu) came along to overwrite its files."""
+    bindir = make_venv(tmp_path / "venv")
+    pip(bindir, "install", "--prefer-binary", USERS_TF)
+    before = installed(bindir)
+    pip(bindir, "install", "--prefer-binary", f"{wheel}[tf]")
+    after = installed(bindir)
+    assert after["tensorflow"] == before["tensorflow"] == "2.20.0"
+    assert after["hotcache"] == "0.1.0"
+    assert not {n for n in after if n.startswith("tensorflow-") and n not in before}
+    changed = {n: (v, after[n]) for n, v in before.items() if after.get(n) != v}
+    assert not changed, f"hotcache[tf] changed the user's packages: {changed}"
+
+
+def test_wheel_holds_every_module_and_its_command_runs(wheel, tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = sorted(expected_modules() - names)
     assert not missing, f"not in the wheel (add the package to pyproject.toml): {missing}"
 
     env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
-    subprocess.run([env_dir / "bin/pip", "install", "--quiet", "--disable-pip-version-check",
-                    wheel], check=True, timeout=600)
+    pip(make_venv(env_dir), "install", wheel)
     help_ = subprocess.run([env_dir / "bin/hotcache", "--help"], capture_output=True,
                            text=True, timeout=120, cwd=tmp_path)
     assert help_.returncode == 0, help_.stderr
