@@ -2,15 +2,15 @@
 allows. Used by the PyTorch loader's batched path; no torch here.
 
 Two decoders, chosen per file:
-- JPEG with `simplejpeg` and `cv2` installed (the `torch` extra installs both):
+- JPEG with `simplejpeg` (the `torch` extra installs it) and any OpenCV package's `cv2`:
   libjpeg-turbo decodes (at 1/2, 1/4 or 1/8 scale when that still covers the target
   size, as Pillow's `draft` does), and OpenCV resizes. OpenCV's INTER_LINEAR with
   half-pixel centres is what `tf.image.resize(..., "bilinear")` computes, so
   `make_loader` and `make_dataset` give the same pixels to within about 1.3 levels of
   255 (chroma upsampling and rounding; Pillow's antialiased bilinear is 2-3.5 levels
-  away). Both release the GIL, so threads decode in parallel. Measured on the 2-core
-  machine (JPEGs 320×256 -> 224×224, one thread, CPU time): about 3× fewer CPU seconds
-  per image than Pillow's decode + bilinear resize.
+  away). Both release the GIL, so threads decode in parallel, and they cost several
+  times fewer CPU seconds per image than Pillow's decode + bilinear resize (figures in
+  BENCHMARKS.md).
 - Anything else (PNG, GIF, other formats, or the libraries absent): Pillow, with the same
   filter name (Pillow's filters antialias when shrinking, so pixels differ a little).
 """

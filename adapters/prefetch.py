@@ -4,9 +4,8 @@ works on this one.
 Used by make_loader when batches decode in threads in the training process itself
 (num_workers=0): the decoders release the GIL, so no worker process has to carry the
 decoded pixels across a process boundary (shared memory, pickling, a file-descriptor
-round trip per batch). On the 2-CPU bench machine that took accelerator utilisation from
-94 % (one worker process x 2 threads) to 98 %, and samples/s up 1.3x
-(bench/bench_loader.py; README)."""
+round trip per batch): a higher accelerator utilisation and more samples/s than one
+worker process with the same threads (bench/bench_loader.py; figures in BENCHMARKS.md)."""
 
 from __future__ import annotations
 

@@ -287,8 +287,7 @@ class TimedLoader(BatchTimer):
 # processes decodes a whole batch alone, and fewer processes cost less pickling and
 # scheduling. Up to this many CPUs, the threads run in the training process itself,
 # read ahead by a prefetch thread (adapters/prefetch.py), and no decoded pixels cross a
-# process boundary. (bench/bench_loader.py on 2 CPUs, quiet: AU 94 % and 1,170 samples/s
-# with 1 worker x 2 threads; 98 % and 1,520 samples/s with the threads in-process.)
+# process boundary (bench/bench_loader.py compares the two; figures in BENCHMARKS.md).
 THREADS_PER_WORKER = 4
 
 

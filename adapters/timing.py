@@ -51,7 +51,7 @@ def _percentile(ordered: list[float], q: float) -> float:
     return ordered[k]
 
 
-@dataclass(slots=True)        # not frozen: a frozen init costs ~2x, and this is built often
+@dataclass(slots=True)        # not frozen: a frozen init costs more, and this is built often
 class Summary:
     name: str
     epoch: int

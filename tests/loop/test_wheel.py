@@ -12,6 +12,7 @@ runs, so only a machine's first run downloads them."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -147,3 +148,23 @@ def test_wheel_holds_every_module_and_its_command_runs(wheel, tmp_path):
     assert probe.returncode == 0, probe.stderr
     assert probe.stdout.strip() == "[]"
 
+
+
+def test_a_training_image_can_take_the_adapters_alone(wheel, tmp_path):
+    """`pip install --no-deps hotcache` (the host CLI's dependencies left out: typer,
+    rich, pyudev, pydantic, prometheus-client, PyYAML): data_root() and timed() run on
+    the standard library alone (make_loader/make_dataset add pillow, numpy and the
+    framework, which the image has)."""
+    bindir = make_venv(tmp_path / "venv")
+    pip(bindir, "install", "--no-deps", wheel)
+    assert set(installed(bindir)) <= {"hotcache", "pip", "setuptools"}
+    data = tmp_path / "data"
+    data.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOTCACHE_", "DATA_"))}
+    done = subprocess.run(
+        [bindir / "python", "-c", "from hotcache.adapters import data_root, timed\n"
+         "root = data_root()\nfor _ in timed(range(3), name='plain'):\n    pass\n"],
+        env={**env, "DATA_ROOT": str(data)}, capture_output=True, text=True, timeout=120,
+        cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert f"data_root path={data} " in done.stderr and "timing plain " in done.stderr
