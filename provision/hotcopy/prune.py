@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hotcache.provision.errors import UsageError
-from hotcache.provision.system import beneath
 from hotcache.provision.hotcopy.format import METADATA, STAGING_SUFFIX, read_metadata
+from hotcache.provision.system import beneath
 
 OLD_SUFFIX = ".hotcache-old"
 PRUNING_SUFFIX = ".hotcache-pruning"

@@ -203,7 +203,7 @@ for batch in timed(range(3), name="plain"):
 
 def run_plain(env: dict, script: str = PLAIN_SCRIPT) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k != "HOTCACHE_LOG"}
-    return subprocess.run([sys.executable, "-c", script], env={**full, **env},
+    return subprocess.run([sys.executable, "-c", script], env={**full, **env}, check=False,
                           capture_output=True, text=True, timeout=120)
 
 
