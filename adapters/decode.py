@@ -8,9 +8,8 @@ Two decoders, chosen per file:
   half-pixel centres is what `tf.image.resize(..., "bilinear")` computes, so
   `make_loader` and `make_dataset` give the same pixels to within about 1.3 levels of
   255 (chroma upsampling and rounding; Pillow's antialiased bilinear is 2-3.5 levels
-  away). Both release the GIL, so threads decode in parallel, and they cost several
-  times fewer CPU seconds per image than Pillow's decode + bilinear resize (figures in
-  BENCHMARKS.md).
+  away). Both release the GIL, so threads decode in parallel, and they cost about
+  half the CPU seconds per image of Pillow's decode + bilinear resize (BENCHMARKS.md).
 - Anything else (PNG, GIF, other formats, or the libraries absent): Pillow, with the same
   filter name (Pillow's filters antialias when shrinking, so pixels differ a little).
 """

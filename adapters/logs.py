@@ -7,8 +7,9 @@ summaries on stderr, like this:
 
 While the root logger has no handler, a stderr handler on `hotcache.adapters` prints
 them (what PyTorch Lightning does for its own logger); once the application configures
-logging (basicConfig, dictConfig, a framework), the lines go through its handlers and
-levels instead, and this handler stands aside.
+logging (basicConfig, dictConfig, a framework, or a handler of its own on
+`hotcache.adapters`), the lines go through its handlers and levels instead, and this
+handler stands aside.
 
 One environment variable, HOTCACHE_LOG, chooses the form:
     text   key=value lines (the default)
@@ -40,15 +41,22 @@ def mode() -> str:
     return raw
 
 
+def configured() -> bool:
+    """Whether the application set up logging: a handler on the root logger, or a
+    handler of its own (or propagate=False) on hotcache's logger."""
+    return bool(logging.getLogger().handlers) or not log.propagate or \
+        any(h is not _default for h in log.handlers)
+
+
 class _Unconfigured(logging.StreamHandler):
-    """stderr, only while nobody configured logging (the root logger has no handler)."""
+    """stderr, only while nobody configured logging."""
 
     def __init__(self) -> None:
         super().__init__()      # sys.stderr, looked up at each line
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
 
     def handle(self, record: logging.LogRecord) -> bool:
-        if logging.getLogger().handlers:
+        if configured():
             return False
         return bool(super().handle(record))
 
@@ -69,7 +77,7 @@ def ready(logger: logging.Logger | None = None, level: int = logging.INFO
         return logger               # the caller's own logger: its setup, untouched
     if _default not in log.handlers:
         log.addHandler(_default)
-    unconfigured = not logging.getLogger().handlers
+    unconfigured = not configured()
     if unconfigured and log.level == logging.NOTSET:
         log.setLevel(logging.INFO)  # the root logger's WARNING would drop the line
         _level_set = True

@@ -2,14 +2,16 @@
 in one run (issue 16): samples/s with no training step, and accelerator utilisation
 (AU) with a simulated step.
 
-    .venv/bin/python bench/bench_loader.py [--images 1024] [--rounds 3]
+    .venv/bin/python bench/bench_loader.py [--images 1024] [--rounds 3] [--worker-process]
 
 - tf.data as our origin documents write it: list_files, read_file, decode_jpeg, resize
   (bilinear), parallel map (AUTOTUNE), batch, prefetch;
 - make_dataset (hotcache's tf.data pipeline);
 - a plain PyTorch DataLoader: Pillow open/convert/resize (bilinear) per sample, 2 workers
   (one per core here), default collate;
-- make_loader (hotcache's PyTorch loader: batches decoded in threads into one tensor).
+- make_loader (hotcache's PyTorch loader: batches decoded in threads into one tensor);
+- with --worker-process, also make_loader with one worker process holding the decode
+  threads (num_workers=1), against its default of threads in the training process.
 
 Conditions: JPEGs 320×256 resized to 224×224, batch 32, warm page cache. The loaders
 take turns, one epoch each per round, so load from other work falls on all alike; the
@@ -109,6 +111,8 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--worker-process", action="store_true",
+                        help="also make_loader with one worker process (num_workers=1)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     from hotcache.adapters import make_dataset, make_loader
@@ -123,6 +127,10 @@ def main() -> None:
             "plain DataLoader": plain_torch(root, bs, cpus()),
             "make_loader": make_loader(root, batch_size=bs, image_size=(SIZE, SIZE), log_every=0),
         }
+        if args.worker_process:
+            loaders["make_loader, 1 worker"] = make_loader(
+                root, batch_size=bs, image_size=(SIZE, SIZE), num_workers=1,
+                decode_threads=cpus(), log_every=0)
         serial = lambda: serial_batches(root, bs, SIZE)  # noqa: E731
         for loader in loaders.values():                   # warm up: page cache, workers, tracing
             epoch(loader, 0.0)
@@ -136,7 +144,7 @@ def main() -> None:
         serial_rate = max(epoch(serial, 0.0)["samples_per_s"] for _ in range(2))
         step = bs / serial_rate                           # serial read+decode time per batch
         au = {name: max(epoch(loaders[name], step)["au"] for _ in range(args.rounds))
-              for name in ("make_dataset", "make_loader")}
+              for name in loaders if name.startswith(("make_dataset", "make_loader"))}
     with open("/proc/loadavg") as f:
         load = f.read().split()[0]
     print(f"cores={cpus()} images={args.images} 320x256->{SIZE}x{SIZE} batch={bs} "

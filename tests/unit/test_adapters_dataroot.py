@@ -247,3 +247,15 @@ def test_configured_logging_decides_and_the_default_handler_stands_aside(roots):
     quiet = run_plain({"DATA_ROOT": str(roots[1])}, configured.replace("level=logging.INFO",
                                                                        "level=logging.WARNING"))
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == ""
+
+
+def test_a_handler_of_the_applications_own_on_hotcaches_logger_is_used_alone(roots):
+    own = PLAIN_SCRIPT.replace(
+        "root = data_root()", "import logging, sys\n"
+        "mine = logging.StreamHandler(sys.stdout)\n"
+        "logging.getLogger('hotcache.adapters').addHandler(mine)\n"
+        "logging.getLogger('hotcache.adapters').setLevel(logging.INFO)\n"
+        "root = data_root()")
+    shown = run_plain({"DATA_ROOT": str(roots[1])}, own)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stderr == "" and shown.stdout.startswith(f"data_root path={roots[1]} ")
