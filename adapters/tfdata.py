@@ -73,68 +73,20 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
     tfrecords = _tfrecord_files(root) if kind in ("auto", "tfrecord") else []
     if kind == "auto":
         kind = "tfrecord" if tfrecords else "images"
-    image_key, label_key = features
-
-    def decode_image(data):
-        img = tf.io.decode_image(data, channels=3, expand_animations=False)
-        if image_size:
-            img = tf.cast(tf.image.resize(img, image_size), tf.uint8)
-        return img
-
-    def prepare(data, label):
-        if decode:
-            data = decode_image(data)
-        return (map_fn(data, label) if map_fn else (data, label))
-
+    prepare = _preparer(decode, image_size, map_fn)
+    # Shuffling the file list suffices unless a cache freezes the order it was written in.
+    early = bool(shuffle and not cache_dir)
     if kind == "tfrecord":
-        if not tfrecords:
-            from .errors import DataRootError
-
-            raise DataRootError(f"{root}: no TFRecord files ({', '.join(TFRECORD_SUFFIXES)}) found",
-                                hint="point DATA_ROOT at the folder holding the shards, or use kind='images'")
-        files = tfrecords
-        spec = {image_key: tf.io.FixedLenFeature([], tf.string),
-                label_key: tf.io.FixedLenFeature([], tf.int64)}
-
-        def parse(record):
-            ex = tf.io.parse_single_example(record, spec)
-            return prepare(ex[image_key], ex[label_key])
-
-        ds = tf.data.Dataset.from_tensor_slices(files)
-        if shuffle and not cache_dir:
-            ds = ds.shuffle(len(files), seed=seed)
-        ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
-                           num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-        ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic)
-    elif tiers is not None:
-        rels, labels, _classes = list_tiered(tiers, IMAGE_EXTENSIONS)
-        files = [tiers.path(r) for r in rels]
-        hot = [tiers.is_hot(r) for r in rels]
-        ds = tf.data.Dataset.from_tensor_slices((files, labels, hot))
-        if shuffle and not cache_dir:
-            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        ds = ds.map(lambda path, label, h: (prepare(tf.io.read_file(path),
-                                                    tf.cast(label, tf.int64)), h),
-                    num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        ds, files = _records(root, tfrecords, features, prepare, shuffle=early, seed=seed,
+                             deterministic=deterministic)
     else:
-        files, labels, _classes = list_image_folder(root)
-        ds = tf.data.Dataset.from_tensor_slices((files, labels))
-        if shuffle and not cache_dir:
-            ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-        ds = ds.map(lambda path, label: prepare(tf.io.read_file(path), tf.cast(label, tf.int64)),
-                    num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        ds, files = _images(root, tiers, prepare, shuffle=early, seed=seed,
+                            deterministic=deterministic)
     if cache_dir:
         settings = {"kind": kind, "image_size": image_size, "decode": decode, "features": features,
                     "map_fn": tfcache.function_identity(map_fn), "root": str(root),
                     "data": _dataset_version(root, files), "tf": tf.__version__}
-        version = str(settings["data"].get("version") or "src")
-        if not tfcache.label_ok(version):
-            raise DataRootError(f"{root}: the hot copy's version label {version!r} cannot go "
-                                "into a cache folder name",
-                                hint="copy it again with a plain --version (letters, digits, "
-                                     ". _ + -)")
-        name = f"{root.name}-{version}-{tfcache.fingerprint(settings)[:16]}"
-        ds = ds.cache(str(tfcache.prepare(cache_dir, name)))
+        ds = ds.cache(str(_cache_folder(cache_dir, root, settings)))
     if shuffle and (cache_dir or kind == "tfrecord"):
         # Sample-level shuffle only where file order alone is not enough: records sit in
         # shard order, and a cache freezes the order it was written in. (Filling a large
@@ -147,6 +99,74 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
     ds = log.strip(ds).prefetch(AUTOTUNE)
     ds._hotcache_tiers = log          # BatchTimer (timed) reads it
     return ds
+
+
+def _preparer(decode: bool, image_size: tuple[int, int] | None, map_fn):
+    """(encoded bytes, label) -> the sample: decoded and resized to (height, width) when
+    asked, then the user's map_fn."""
+    def prepare(data, label):
+        if decode:
+            data = tf.io.decode_image(data, channels=3, expand_animations=False)
+            if image_size:
+                data = tf.cast(tf.image.resize(data, image_size), tf.uint8)
+        return (map_fn(data, label) if map_fn else (data, label))
+
+    return prepare
+
+
+def _records(root: Path, files: list[str], features: tuple[str, str], prepare, *,
+             shuffle: bool, seed, deterministic) -> tuple[tf.data.Dataset, list[str]]:
+    """Samples from TFRecord shards, read interleaved (the shard order shuffled)."""
+    if not files:
+        raise DataRootError(f"{root}: no TFRecord files ({', '.join(TFRECORD_SUFFIXES)}) found",
+                            hint="point DATA_ROOT at the folder holding the shards, or use kind='images'")
+    image_key, label_key = features
+    spec = {image_key: tf.io.FixedLenFeature([], tf.string),
+            label_key: tf.io.FixedLenFeature([], tf.int64)}
+
+    def parse(record):
+        ex = tf.io.parse_single_example(record, spec)
+        return prepare(ex[image_key], ex[label_key])
+
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if shuffle:
+        ds = ds.shuffle(len(files), seed=seed)
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(len(files), 8),
+                       num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+    return ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic), files
+
+
+def _images(root: Path, tiers, prepare, *, shuffle: bool, seed,
+            deterministic) -> tuple[tf.data.Dataset, list[str]]:
+    """Samples from an image folder; with tiers, each with whether the hot copy served it."""
+    if tiers is not None:
+        rels, labels, _classes = list_tiered(tiers, IMAGE_EXTENSIONS)
+        files = [tiers.path(r) for r in rels]
+        ds = tf.data.Dataset.from_tensor_slices((files, labels, [tiers.is_hot(r) for r in rels]))
+    else:
+        files, labels, _classes = list_image_folder(root)
+        ds = tf.data.Dataset.from_tensor_slices((files, labels))
+    if shuffle:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+
+    def load(path, label, *hot):
+        sample = prepare(tf.io.read_file(path), tf.cast(label, tf.int64))
+        return (sample, *hot) if hot else sample
+
+    return ds.map(load, num_parallel_calls=AUTOTUNE, deterministic=deterministic), files
+
+
+def _cache_folder(cache_dir: str | os.PathLike, root: Path, settings: dict) -> Path:
+    """The cache's folder under cache_dir, named by the data's version and a fingerprint
+    of every setting that changes what is cached."""
+    version = str(settings["data"].get("version") or "src")
+    if not tfcache.label_ok(version):
+        raise DataRootError(f"{root}: the hot copy's version label {version!r} cannot go "
+                            "into a cache folder name",
+                            hint="copy it again with a plain --version (letters, digits, "
+                                 ". _ + -)")
+    name = f"{root.name}-{version}-{tfcache.fingerprint(settings)[:16]}"
+    return tfcache.prepare(cache_dir, name)
 
 
 class TierLog:
