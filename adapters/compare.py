@@ -54,7 +54,7 @@ def drop_page_cache() -> None:
 
 
 def simulate(batches, *, step_s: float = 0.0, limit: int | None = None,
-             label: str = "run") -> tuple[int, int, float, Summary]:
+             label: str = "run") -> tuple[int, int, float, float, Summary]:
     """Iterate `batches` (each `(samples, labels, ...)`), sleeping `step_s` per batch;
     returns (batches, samples, wall seconds, seconds spent in steps, timing summary).
     AU = seconds in steps / wall seconds."""

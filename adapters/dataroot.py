@@ -104,7 +104,7 @@ class DataRoot(os.PathLike):
         """The share of the dataset's files read from the hot copy."""
         if self.hot == "no":
             return 0.0
-        if self.tiers is None or Path(self.copy.root) == self.path:
+        if self.tiers is None or self.copy.root is None or Path(self.copy.root) == self.path:
             return self.copy.fraction if self.copy.partial and self.copy.fraction else 1.0
         return self.tiers.fraction(count_files(self.tiers.cold))
 
@@ -172,8 +172,9 @@ def hot_copy_at(path: Path) -> HotCopy:
 def _coverage(meta: dict) -> tuple[bool, float | None]:
     """Whether a copy holds only part of its source, and which share of its files."""
     sel = meta.get("selection") or {}
+    share = sel.get("fraction")
     partial = bool(meta.get("partial")) or sel.get("rule") == "fit" or \
-        (sel.get("fraction") is not None and sel.get("fraction") < 1)
+        (share is not None and share < 1)
     return partial, meta.get("fraction")
 
 
@@ -222,7 +223,8 @@ def check_view(b: Backing) -> View:
     """Compare the filesystem the kernel serves here with what the host's mapping records
     now (see the module doc)."""
     major = (b.devnum or "0:0").split(":")[0]
-    if major != "0" and SYS_DEV_BLOCK.is_dir() and not (SYS_DEV_BLOCK / b.devnum).exists():
+    if b.devnum and major != "0" and SYS_DEV_BLOCK.is_dir() and \
+            not (SYS_DEV_BLOCK / b.devnum).exists():
         return View("stale", f"the block device {b.devnum} under {b.mountpoint} no longer "
                              "exists on the host: this mount outlived the cache it showed; "
                              "restart the container")

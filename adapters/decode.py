@@ -17,6 +17,8 @@ Two decoders, chosen per file:
 from __future__ import annotations
 
 import io
+import os
+from typing import IO
 
 import numpy as np
 
@@ -32,7 +34,7 @@ try:                                   # optional: the fast path
                    "bicubic": cv2.INTER_CUBIC, "area": cv2.INTER_AREA,
                    "lanczos": cv2.INTER_LANCZOS4}
 except ImportError:                    # Pillow alone still works, only slower
-    cv2 = simplejpeg = None
+    cv2 = simplejpeg = None  # type: ignore[assignment]
 
 
 def fast_jpeg_available() -> bool:
@@ -45,13 +47,15 @@ def check_resample(resample: str) -> str:
     return resample
 
 
-def decode_array(path: str | bytes, size: tuple[int, int], resample: str = "bilinear",
-                 draft: bool = True) -> np.ndarray:
+def decode_array(path: str | os.PathLike | bytes, size: tuple[int, int],
+                 resample: str = "bilinear", draft: bool = True) -> np.ndarray:
     """The image at `path` (or in these bytes) as uint8 (height, width, 3), resized to
     size=(height, width), the order tf.image.resize and torchvision's Resize use."""
+    source: str | os.PathLike | IO[bytes]
     if isinstance(path, bytes):
-        data, path = path, io.BytesIO(path)
+        data, source = path, io.BytesIO(path)
     else:
+        source = path
         with open(path, "rb") as f:
             data = f.read()
     height, width = size
@@ -65,7 +69,7 @@ def decode_array(path: str | bytes, size: tuple[int, int], resample: str = "bili
         if img.shape[1] != width or img.shape[0] != height:
             img = cv2.resize(img, (width, height), interpolation=_CV2_FILTER[resample])
         return img
-    return np.asarray(pillow_decode(path, size, draft, resample))
+    return np.asarray(pillow_decode(source, size, draft, resample))
 
 
 def draft_scale(full: tuple[int, int], target: tuple[int, int]) -> int:
@@ -78,7 +82,7 @@ def draft_scale(full: tuple[int, int], target: tuple[int, int]) -> int:
     return 1
 
 
-def pillow_decode(path: str, size: tuple[int, int] | None, draft: bool = True,
+def pillow_decode(path: str | os.PathLike | IO[bytes], size: tuple[int, int] | None, draft: bool = True,
                   resample: str = "bilinear"):
     """A PIL RGB image, resized to size=(height, width) when given (scaled JPEG decoding
     first when `draft`: several times less work for nearly the same pixels)."""

@@ -19,6 +19,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from time import perf_counter
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ from .tiered import list_tiered
 from .timing import BatchTimer
 
 
-def decode_image(path: str, image_size: tuple[int, int] | None = None, draft: bool = True,
+def decode_image(path: str | os.PathLike | IO[bytes], image_size: tuple[int, int] | None = None, draft: bool = True,
                  resample: str = "bilinear"):
     """A JPEG/PNG file as a PIL RGB image, resized to image_size=(height, width) when asked.
 
@@ -84,7 +85,8 @@ class ImageFolderDataset(Dataset):
             self.paths, self.labels, self.classes = list_image_folder(self.root)
         self.transform = transform
         self.decode = decode
-        self.image_size = tuple(image_size) if image_size else None
+        self.image_size: tuple[int, int] | None = \
+            (int(image_size[0]), int(image_size[1])) if image_size else None
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
 
@@ -97,7 +99,8 @@ class ImageFolderDataset(Dataset):
     def fetch(self, index: int):
         """((sample, label), served hot?); served hot is None without a cold root."""
         source, hot = self._source(index)
-        if self.batches:
+        sample: Any
+        if self.batches and self.image_size:
             # the same decoder as the batched path: one sample, one set of pixels
             img = decode_array(source, self.image_size, self.resample, self.draft)
             sample = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
@@ -124,9 +127,10 @@ class ImageFolderDataset(Dataset):
 
     def __getitems__(self, indices):
         """A batch: a _Batch when it can be decoded in place, else a list of samples."""
-        if not self.batches:
+        size = self.image_size
+        if not self.batches or size is None:
             return [self[i] for i in indices]
-        height, width = self.image_size
+        height, width = size
         shape = (len(indices), 3, height, width)
         if get_worker_info() is not None:     # as default_collate does: no extra copy
             images = torch.empty(0, dtype=torch.uint8).new_empty(shape).share_memory_()
@@ -138,7 +142,7 @@ class ImageFolderDataset(Dataset):
 
         def decode_into(slot: int, index: int) -> None:
             source, hot[slot] = self._source(index)
-            img = decode_array(source, self.image_size, self.resample, self.draft)
+            img = decode_array(source, size, self.resample, self.draft)
             out[slot] = img.transpose(2, 0, 1)
 
         if self.threads > 1:

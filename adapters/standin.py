@@ -4,9 +4,11 @@ come from the wrapped iterable."""
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class StandsIn:
-    iterable: object
+    iterable: Any
 
     def __len__(self) -> int:
         return len(self.iterable)

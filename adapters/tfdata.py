@@ -25,7 +25,7 @@ from . import tfcache
 from .dataroot import data_root, hot_copy_at
 from .imagefolder import IMAGE_EXTENSIONS, list_image_folder
 from .tiered import list_tiered
-from .timing import ENV_LOG, emit, summarize
+from .timing import ENV_LOG, Summary, emit, summarize
 
 AUTOTUNE = tf.data.AUTOTUNE
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
@@ -39,7 +39,7 @@ def _dataset_version(root: Path, files: list[str]) -> dict:
     """What identifies the data: the hot copy's name/version/copy time, or for a plain
     folder the listing with sizes and modification times."""
     copy = hot_copy_at(root)
-    if copy.state in ("hot", "unverified"):
+    if copy.state in ("hot", "unverified") and copy.root is not None:
         from hotcache.provision.hotcopy.format import read_metadata
 
         meta = read_metadata(Path(copy.root)) or {}
@@ -216,7 +216,7 @@ class DataWaitCallback(tf.keras.callbacks.Callback):
         self.name = name
         self.log_every = log_every
         self.log_path = log_path if log_path is not None else os.environ.get(ENV_LOG) or None
-        self.summaries = []
+        self.summaries: list[Summary] = []
         self._asked = 0.0
         self._pending = 0.0          # wait accumulated since the last step ended
 

@@ -100,7 +100,7 @@ class Summary:
         return text
 
 
-def split_stamps(stamps: list) -> tuple[list[float] | None, list[tuple[int, int]] | None]:
+def split_stamps(stamps: list | None) -> tuple[list[float] | None, list[tuple[int, int]] | None]:
     """Per-batch stamps -> (worker seconds, (hot, samples) pairs). A stamp is the worker
     seconds, or (seconds or None, hot samples, samples) when reads are tiered."""
     if not stamps or not isinstance(stamps[0], tuple):
@@ -113,7 +113,8 @@ def tier_figures(tiers: list[tuple[int, int]], waits: list[float]) -> dict:
     """Hot share of `tiers` and the mean wait of mostly-hot vs mostly-cold batches;
     `waits` belong to the last len(waits) batches of `tiers`."""
     samples = sum(n for _h, n in tiers)
-    hot, cold = [], []
+    hot: list[float] = []
+    cold: list[float] = []
     for (h, n), w in zip(tiers[len(tiers) - len(waits):], waits):
         (hot if 2 * h >= n else cold).append(w)
     mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
@@ -133,13 +134,14 @@ def summarize(name: str, epoch: int, first: float | None, waits: list[float], wa
     # With one batch there is no steady state to judge.
     share = total / wall if ordered and wall > 0 else None
     loads = sum(worker_loads) if worker_loads else None
+    per_batch = loads / len(worker_loads) if loads is not None and worker_loads else None
     if batches is None:
         batches = len(ordered) + (first is not None)
     return Summary(name, epoch, batches, first, total,
                    _percentile(ordered, 50), _percentile(ordered, 95), _percentile(ordered, 99),
                    ordered[-1] if ordered else 0.0, wall / steps if steps else 0.0, wall,
                    share, verdict(share), loads,
-                   loads / len(worker_loads) if worker_loads else None, window,
+                   per_batch, window,
                    **(tier_figures(tiers, waits) if tiers else {}))
 
 
