@@ -85,3 +85,10 @@ def ready(logger: logging.Logger | None = None, level: int = logging.INFO
         log.setLevel(logging.NOTSET)  # configured now: its levels decide
         _level_set = False
     return log
+
+
+def say(level: int, msg: str, *args) -> None:
+    """Log one line on hotcache's logger at `level`, through ready()."""
+    target = ready(level=level)
+    if target is not None:
+        target.log(level, msg, *args)

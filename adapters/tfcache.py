@@ -29,9 +29,8 @@ import socket
 from pathlib import Path
 
 from .errors import CacheLockedError, DataRootError
+from .logs import say
 from hotcache.provision.hotcopy.format import label_ok  # noqa: F401  (tfdata's check)
-
-log = logging.getLogger("hotcache.adapters")
 
 PREFIX = "cache"
 OWNER = "owner.json"
@@ -108,7 +107,7 @@ def prepare(cache_root: str | os.PathLike, key_name: str) -> Path:
     folder = Path(cache_root) / key_name
     folder.mkdir(parents=True, exist_ok=True)
     if any(folder.glob(f"{PREFIX}*.index")):
-        log.info("tf.data cache %s: reusing the complete cache", folder)
+        say(logging.INFO, "tf.data cache %s: reusing the complete cache", folder)
         return folder / PREFIX
     if not _take(folder):
         raise CacheLockedError(
@@ -124,10 +123,10 @@ def prepare(cache_root: str | os.PathLike, key_name: str) -> Path:
     for leftover in folder.glob(f"{PREFIX}_*"):
         leftover.unlink()
     if locks:
-        log.warning("tf.data cache %s: removed the lock and partial files left by %s, "
-                    "which is gone", folder, _holder(folder))
+        say(logging.WARNING, "tf.data cache %s: removed the lock and partial files left by "
+            "%s, which is gone", folder, _holder(folder))
     tmp = folder / f".{OWNER}.{os.getpid()}"
     tmp.write_text(json.dumps(_me()))
     os.replace(tmp, folder / OWNER)
-    log.info("tf.data cache %s: will be written during the first full pass", folder)
+    say(logging.INFO, "tf.data cache %s: will be written during the first full pass", folder)
     return folder / PREFIX

@@ -86,6 +86,9 @@ def test_wheel_metadata_leaves_the_frameworks_to_the_user(wheel):
     assert "tensorflow>=2.16; extra == \"tf\"" in framework
     assert not [r for r in framework if "==" in r.split(";")[0] or r.startswith("tensorflow-")]
     assert not [r for r in requires if "opencv" in r and "extra == \"dev\"" not in r]
+    # beside tensorflow-cpu (or any other TensorFlow build): the adapters extra, no framework
+    adapters = [r.split(";")[0] for r in requires if r.endswith("extra == \"adapters\"")]
+    assert adapters and not [r for r in adapters if r.startswith(("torch", "tensorflow"))]
     assert "Requires-Python: >=3.10" in lines
     assert {"hotcache/provision/py.typed", "hotcache/adapters/py.typed"} <= names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
