@@ -344,3 +344,10 @@ def test_an_order_file_with_the_users_sampler_is_refused(tmp_path):
     with pytest.raises(ValueError, match="order_file"):
         make_loader(dataset=data, sampler=torch.utils.data.SequentialSampler(data),
                     order_file=tmp_path / "order.txt", num_workers=0, log_every=0)
+
+
+def test_distributed_with_the_users_sampler_is_refused_not_replaced():
+    data = Numbers()
+    with pytest.raises(ValueError, match="DistributedSampler yourself"):
+        make_loader(dataset=data, sampler=torch.utils.data.SequentialSampler(data),
+                    distributed=True, num_workers=0, log_every=0)
