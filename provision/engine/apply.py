@@ -291,7 +291,8 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: CacheEntry | None, de
                 p.refuse(f"{at}: {'; '.join(late)}. hotcache will not touch it, even with "
                          "wipe: true")
                 return
-        sigs = [*sigs, *_header_signature(p.env.host, dev.node)]
+        sigs = [*sigs, *_header_signature(p.env.host, dev.node,
+                                          backend.signature(entry, dev.role) if entry else None)]
     else:
         sigs = dev.image_signatures
     # An existing image file with data in it is someone's, unless the mapping says
@@ -322,14 +323,17 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: CacheEntry | None, de
     dev.fs = {}
 
 
-def _header_signature(host: Host, node: str) -> list[dict]:
-    """hotcache's own header (another cache's raw dm-cache SSD), which blkid and wipefs
-    do not know, as a signature to refuse like theirs."""
+def _header_signature(host: Host, node: str, expected: tuple | None) -> list[dict]:
+    """hotcache's header of another cache (a raw dm-cache SSD), which blkid and wipefs do
+    not know, as a signature to refuse like theirs; the header this cache's own entry
+    records (`expected`, the backend's signature for the role) is no conflict."""
     try:
-        mine = header.read(host, node)
+        found = header.read(host, node)
     except OSError:
         return []       # blkid read it a moment ago; a device that fails now fails later
-    return [{"type": f"hotcache header of cache {mine.get('cache')}"}] if mine else []
+    if not found or expected == (header.TYPE, found["uuid"]):
+        return []
+    return [{"type": f"hotcache header of cache {found.get('cache')}"}]
 
 
 # --- planning --------------------------------------------------------------------

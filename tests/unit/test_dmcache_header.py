@@ -94,3 +94,16 @@ def test_an_ssd_with_another_caches_header_is_refused_without_wipe(host, env):
     with pytest.raises(RefusedError, match="hotcache header of cache old"):
         plan_apply(HostSpec.model_validate(spec), env)
     assert host.runner.recorded == []
+
+
+def test_restore_of_a_partition_ssd_with_its_own_header_is_no_conflict(host, env):
+    """blkid's low-level probe shows a partition's PART_ENTRY_* keys even where no
+    filesystem is: the SSD's own header must not read as a foreign signature (seen in
+    the guest kernel, on GPT partitions)."""
+    two_caches(host, env)
+    stamp(host, "vda", "c1", UA)
+    stamp(host, "vdb", "c2", UB)
+    for name in ("vda", "vdb"):
+        host.disks[name].sig = {"PART_ENTRY_UUID": f"{name}-partuuid", "PART_ENTRY_NUMBER": "2"}
+    argv = [[str(a) for a in s.argv] for s in plan_restore(env).steps if s.argv]
+    assert ["dmsetup", "create", "hc-c1-meta", "--table", "0 8192 linear /dev/vda 8"] in argv

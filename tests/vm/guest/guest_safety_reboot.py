@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import yaml
-from guest_safety import BYSTANDER, CACHE_BY_ID, CACHES, device_sum
-from vmlib import MOUNTS, PERSIST, checksums, hotcache, sh, status
+from guest_safety import BYSTANDER, CACHE_BY_ID, CACHES, device_sum, dirty
+from vmlib import (MOUNTS, PERSIST, checksums, drop_caches, hotcache, poll, sh, status,
+                   write_files)
 
 
 def bystander_unchanged() -> bool:
@@ -109,6 +111,136 @@ def test_lvmcache_records_its_pv_vg_and_lv_uuids():
         assert sh("blkid", "-o", "value", "-s", "UUID", node).stdout.strip() == pv[role]
     res = hotcache("restore", "slvm", "--yes", "--json")
     assert res.code == 0 and res.json["changed"] is False, res.out
+    assert bystander_unchanged()
+
+
+def test_lvmcache_lv_renamed_between_boots_is_refused_and_nothing_is_wiped():
+    """The cached LV renamed while it was down, its PVs still in the recorded VG: restore
+    refuses naming the missing LV (it used to plan wipefs, pvcreate, vgcreate, lvcreate
+    and lvconvert on both disks); renamed back, restore brings every file back."""
+    cfg = ["--config", "devices { use_devicesfile=0 }"]
+    want = write_files(MOUNTS / "slvm" / "data", 10, 128 * 1024, "r")
+    pvs = {n: sh("blkid", "-o", "value", "-s", "UUID",
+                 f"/dev/disk/by-id/virtio-ssd2-part{n}").stdout for n in (1, 2)}
+    sh("umount", MOUNTS / "slvm")
+    sh("timeout", "60", "lvchange", *cfg, "--activate", "n", "hc_slvm/data")
+    sh("timeout", "60", "lvrename", *cfg, "hc_slvm", "data", "renamed")
+    res = hotcache("restore", "slvm", "--yes")
+    assert res.code == 3, res.out
+    assert "hc_slvm/data" in res.out and "is not found" in res.out, res.out
+    assert "lvrename hc_slvm NEW-NAME data" in res.out, res.out
+    assert {n: sh("blkid", "-o", "value", "-s", "UUID",
+                  f"/dev/disk/by-id/virtio-ssd2-part{n}").stdout for n in (1, 2)} == pvs
+    lvs = sh("timeout", "60", "lvs", *cfg, "--noheadings", "-o", "lv_name,segtype",
+             "hc_slvm").stdout.split()
+    assert "renamed" in lvs and "cache" in lvs, lvs          # still the cached LV
+    sh("timeout", "60", "lvrename", *cfg, "hc_slvm", "renamed", "data")
+    res = hotcache("restore", "slvm", "--yes")
+    assert res.code == 0, res.out
+    assert checksums(MOUNTS / "slvm" / "data", "r") == want
     res = hotcache("teardown", "slvm", "--yes")
     assert res.code == 0, res.out
+    assert bystander_unchanged()
+
+
+# Two equal-size "slots" whose identity (a dm UUID, as a QEMU SATA or libvirt SCSI serial)
+# stays with the slot while the media behind them swap. Free again by now: ssd parts 2
+# and 4 (the first dm-cache's and boot 1's failing-origin dm-cache's), hdd parts 2 and 4.
+SLOTS = {"swa": ("SLOT-A", 2), "swb": ("SLOT-B", 4)}
+SLOT_MIB = 72
+
+
+def slots(order: dict[str, int]) -> None:
+    """(Re)create each slot on the SSD partition `order` names."""
+    for name, (slot, _) in SLOTS.items():
+        if os.path.exists(f"/dev/mapper/{slot}"):
+            sh("dmsetup", "remove", "--retry", slot)
+        part = os.path.realpath(f"/dev/disk/by-id/virtio-ssd-part{order[name]}")
+        sh("dmsetup", "create", slot, "--uuid", f"HOTCACHE-TEST-{slot}",
+           "--table", f"0 {SLOT_MIB * 2048} linear {part} 0")
+    sh("udevadm", "settle")
+
+
+def remove_tables(name: str) -> None:
+    """What a reboot does to a raw dm-cache: its tables are gone."""
+    for part in ("", "-data", "-meta"):
+        sh("dmsetup", "remove", "--retry", f"hc-{name}{part}")
+
+
+def test_swapped_equal_size_ssds_are_never_mixed_up_and_a_failed_restore_mounts_nothing():
+    """Guest tier: two writeback dm-caches with dirty blocks on equal-size SSDs whose
+    identity stays with the slot while the disks swap. Each restore refuses (hotcache's
+    header on each SSD names the other cache) and loads nothing; the restore is reported
+    failed, the mountpoint stays empty, and systemd would not mount the fstab entry (it
+    requires the restore unit). With the disks back in their slots, restore brings every
+    file back from each cache's own metadata."""
+    from hotcache.provision.engine import bootunit, restorelog
+    from hotcache.provision.observe import doctor
+    from hotcache.provision import mapping
+
+    home = {name: n for name, (_, n) in SLOTS.items()}
+    slots(home)
+    caches = [{"name": name, "backend": "dm-cache", "mode": "writeback",
+               "tunables": {"migration_threshold": 64},
+               "origin": {"path": f"/dev/disk/by-id/virtio-hdd-part{n}", "wipe": True},
+               "cache": {"path": f"/dev/disk/by-id/dm-uuid-HOTCACHE-TEST-{slot}", "wipe": True},
+               "filesystem": {"mountpoint": str(MOUNTS / name)}}
+              for name, (slot, n) in SLOTS.items()]
+    spec = PERSIST / "spec-swap.yaml"
+    spec.write_text(yaml.safe_dump({"version": 1, "caches": caches}))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    sums = {}
+    for name in SLOTS:
+        folder = MOUNTS / name / "data"
+        write_files(folder, 12, 128 * 1024, "w")
+        for _ in range(4):
+            drop_caches()
+            checksums(folder, "w")
+        for i in range(12):
+            with open(folder / f"w{i:04d}.bin", "r+b") as f:
+                f.write(os.urandom(128 * 1024))
+        sh("sync")
+        sums[name] = checksums(folder, "w")
+        assert poll(f"dirty blocks in {name}", lambda: dirty(name), timeout=20) > 0
+        sh("umount", MOUNTS / name)
+        remove_tables(name)
+
+    slots({"swa": home["swb"], "swb": home["swa"]})     # the media swapped, the slots did not
+    before = {n: device_sum(f"/dev/disk/by-id/virtio-ssd-part{n}") for n in home.values()}
+    # What systemd makes of hotcache's fstab at boot: its own generator, on that file.
+    generated = Path("/tmp/hcvm-generated")
+    generated.mkdir(exist_ok=True)
+    subprocess.run(["timeout", "60", "/lib/systemd/system-generators/systemd-fstab-generator",
+                    generated, generated, generated], check=True, capture_output=True,
+                   env={"SYSTEMD_FSTAB": str(PERSIST / "fstab"), "SYSTEMD_PROC_CMDLINE": "",
+                        "PATH": os.environ["PATH"]})
+    for name in SLOTS:
+        res = hotcache("restore", name, "--yes")
+        assert res.code == 3, res.out
+        assert "hotcache wrote hotcache" in res.out, res.out
+        unit = (generated / bootunit.mount_unit(str(MOUNTS / name))).read_text()
+        assert f"\nRequires=hotcache-restore-{name}.service\n" in unit, unit
+        assert f"\nAfter=hotcache-restore-{name}.service\n" in unit, unit
+        assert restorelog.failure(name), "the failed restore is recorded for this boot"
+        found = doctor.check_restore_failed(mapping.load(PERSIST / "mappings.yaml")["caches"],
+                                            doctor.Runner())
+        assert name in [f.subject for f in found if f.code == "RESTORE_FAILED"], found
+        assert not os.path.ismount(MOUNTS / name)
+    assert "hc-sw" not in sh("dmsetup", "ls").stdout          # nothing loaded
+    assert {n: device_sum(f"/dev/disk/by-id/virtio-ssd-part{n}") for n in home.values()} \
+        == before                                               # nothing written
+
+    slots(home)                                                 # back in their slots
+    for name in SLOTS:
+        res = hotcache("restore", name, "--yes")
+        assert res.code == 0, res.out
+        assert restorelog.failure(name) is None
+        assert checksums(MOUNTS / name / "data", "w") == sums[name]
+        assert dirty(name) > 0                                  # its own dirty blocks
+    for name in SLOTS:
+        res = hotcache("teardown", name, "--yes")
+        assert res.code == 0, res.out
+    for slot, _ in SLOTS.values():
+        sh("dmsetup", "remove", "--retry", slot)
     assert bystander_unchanged()
