@@ -232,6 +232,13 @@ class DmCache(Backend):
             if live_table(names[part], runner) is not None:
                 p.run(f"remove the cache {part} mapping",
                       ["dmsetup", "remove", "--retry", names[part]])
+        # The header claims the SSD for this cache; once the cache is gone a new build
+        # on it would read that claim as another cache's and refuse.
+        node, claim = nodes.get("cache"), state.of(entry, DmCacheState).header_uuid
+        if node and claim:
+            p.do(f"erase hotcache's header (this cache's UUID) from the SSD {node}",
+                 lambda ctx: ctx.runner.dry_run or header.erase(self.host, ctx.resolve(node),
+                                                                claim))
 
 
 def _policy_args(tunables: dict) -> list[str]:

@@ -107,3 +107,52 @@ def test_restore_of_a_partition_ssd_with_its_own_header_is_no_conflict(host, env
         host.disks[name].sig = {"PART_ENTRY_UUID": f"{name}-partuuid", "PART_ENTRY_NUMBER": "2"}
     argv = [[str(a) for a in s.argv] for s in plan_restore(env).steps if s.argv]
     assert ["dmsetup", "create", "hc-c1-meta", "--table", "0 8192 linear /dev/vda 8"] in argv
+
+
+def _live(host, name="c1"):
+    host.tables[f"hc-{name}"] = ("0 2097152 cache 254:1 254:2 254:3 128 1 writeback smq 2 "
+                                 "migration_threshold 0")
+    host.tables[f"hc-{name}-meta"] = "0 8192 linear 254:0 8"
+    host.tables[f"hc-{name}-data"] = "0 122880 linear 254:0 8200"
+
+
+def _erase_step(plan):
+    from hotcache.provision.plan import RunContext
+    from hotcache.provision.system.runner import Runner
+
+    step = next(s for s in plan.steps if s.summary.startswith("erase hotcache's header"))
+    return lambda host: step.run(RunContext(Runner()))    # a real run (the fake records)
+
+
+def test_teardown_erases_its_own_header_so_the_ssd_can_be_built_on_again(host, env):
+    """Left behind, the header would claim the SSD for a cache that no longer exists: the
+    next apply on it reads another cache's header and refuses (seen in the guest kernel)."""
+    from hotcache.provision.engine.teardown import plan_teardown
+
+    two_caches(host, env)
+    stamp(host, "vda", "c1", UA)
+    stamp(host, "vdb", "c2", UB)
+    _live(host)
+    other = host.path("/dev/vdb").read_bytes()
+    plan = plan_teardown("c1", env)
+    summaries = [s.summary for s in plan.steps]
+    erase = next(i for i, s in enumerate(summaries) if s.startswith("erase hotcache's header"))
+    assert erase > summaries.index("remove the cache device")   # only once the cache is gone
+    _erase_step(plan)(host)
+    assert header.read(host, "/dev/vda") is None
+    assert host.path("/dev/vdb").read_bytes() == other             # c2's SSD: not touched
+
+
+def test_teardown_leaves_a_header_that_is_not_its_own(host, env):
+    """The step checks the header's UUID when it runs: a header that names another cache
+    (the SSD changed after the plan) is left byte for byte."""
+    from hotcache.provision.engine.teardown import plan_teardown
+
+    two_caches(host, env)
+    stamp(host, "vda", "c1", UA)
+    _live(host)
+    plan = plan_teardown("c1", env)
+    stamp(host, "vda", "c9", UB)
+    before = host.path("/dev/vda").read_bytes()
+    _erase_step(plan)(host)
+    assert host.path("/dev/vda").read_bytes() == before

@@ -29,12 +29,17 @@ def sh(*argv, check=True, input=None) -> subprocess.CompletedProcess:
 
 
 class Result:
-    def __init__(self, code: int, out: str):
+    """A command's exit code and what a user would see (`out`, stdout and stderr
+    interleaved); `json` parses stdout alone, as a script piping `--json` would (progress
+    lines go to stderr)."""
+
+    def __init__(self, code: int, out: str, stdout: str | None = None):
         self.code, self.out = code, out
+        self.stdout = out if stdout is None else stdout
 
     @property
     def json(self):
-        return json.loads(self.out)
+        return json.loads(self.stdout)
 
 
 def hotcache(*args: str) -> Result:
@@ -46,10 +51,10 @@ def hotcache(*args: str) -> Result:
 
     res = CliRunner().invoke(app, [str(a) for a in args])
     if isinstance(res.exception, HotcacheError):
-        return Result(res.exception.exit_code, res.output + str(res.exception))
+        return Result(res.exception.exit_code, res.output + str(res.exception), res.stdout)
     if res.exception is not None and not isinstance(res.exception, SystemExit):
         raise res.exception
-    return Result(res.exit_code, res.output)
+    return Result(res.exit_code, res.output, res.stdout)
 
 
 def spec_for(backend: str, *, mode: str | None = None, tunables: dict | None = None) -> Path:
