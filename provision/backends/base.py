@@ -7,7 +7,10 @@ so unit tests plan each backend against a fake host.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
+
+from hotcache.provision.errors import RefusedError
 
 if TYPE_CHECKING:
     from hotcache.provision.block.host import Host
@@ -15,6 +18,13 @@ if TYPE_CHECKING:
     from hotcache.provision.plan import Ref
     from hotcache.provision.records import CacheEntry
     from hotcache.provision.engine.spec import CacheSpec
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The kernel's own verdict that a cache device failed."""
+    said: str                   # what the kernel reports, in its words where it has them
+    dirty_bytes: int | None     # written to the cache only, now at risk; None: unknown
 
 
 class Backend:
@@ -81,6 +91,23 @@ class Backend:
 
     def stats(self, entry: "CacheEntry", nodes: dict) -> dict:
         return {}
+
+    def failure(self, entry: "CacheEntry", nodes: dict) -> Failure | None:
+        """The kernel's verdict that the cache device failed (dm-cache's Fail or
+        read-only metadata, bcache's detached cache set, LVM's missing or failed PV);
+        None when it reports nothing wrong. Reads only what answers without I/O to the
+        cache device, so a dead SSD cannot hang it."""
+        return None
+
+    def drop_failed_cache(self, p: "Planner", entry: "CacheEntry", nodes: dict) -> str:
+        """Queue the steps that take apart a cache whose SSD failed, without flushing or
+        reading it, once its filesystem is unmounted; return the device that then holds
+        the filesystem."""
+        raise RefusedError(f"taking apart a {self.name} cache whose SSD failed is not "
+                           "something hotcache does yet; nothing was changed",
+                           hint=self.failed_runbook)
+
+    failed_runbook: ClassVar[str] = ""
 
     def dismantle(self, p: "Planner", entry: "CacheEntry", nodes: dict) -> None:
         """Queue the steps that take the cache apart once its filesystem is unmounted

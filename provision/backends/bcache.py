@@ -13,12 +13,13 @@ import uuid
 from pathlib import Path
 
 from hotcache.provision.backends import bcache_sysfs as sb
-from hotcache.provision.errors import FlushIncomplete, HotcacheError, KernelUnsupported
+from hotcache.provision.errors import (FlushIncomplete, HotcacheError, KernelUnsupported,
+                                       RefusedError)
 from hotcache.provision.plan import Ref
 from hotcache.provision.records import BcacheState, CacheEntry
 from hotcache.provision.system.waits import flush_timeout, wait_until
 from hotcache.provision.backends import state
-from hotcache.provision.backends.base import Backend
+from hotcache.provision.backends.base import Backend, Failure
 from hotcache.provision.block.host import Host
 
 BLOCK = "4k"               # cache and backing block sizes must match to attach
@@ -162,6 +163,19 @@ class Bcache(Backend):
             return f"{node} is attached to another cache set {attached}"
         return None
 
+    def failure(self, entry, nodes):
+        node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid
+        h = self.host
+        if node is None or not cset or not sb.is_registered(h, node):
+            return None         # not live: restore and teardown say so
+        if sb.attached_set(h, node) is not None:
+            return None
+        d = sb.bdev_dir(h, node)
+        gone = "" if h.is_dir(sb.set_dir(cset)) else " and the cache set is no longer registered"
+        dirty = sb.parse_human(h.read(f"{d}/dirty_data") or "0")
+        return Failure(f"bcache runs {node} without its cache set {cset} (state "
+                       f"{h.read(f'{d}/state')}{gone}): the kernel detached the cache", dirty)
+
     def stats(self, entry, nodes):
         node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid
         h = self.host
@@ -193,6 +207,22 @@ class Bcache(Backend):
             "priority": sb.priority_stats(h, cset) if cset else None,   # buckets by state, %
             "sequential_cutoff": sb.parse_human(attr("sequential_cutoff")),
         }
+
+    def drop_failed_cache(self, p, entry, nodes):
+        node, cset = nodes["origin"], state.of(entry, BcacheState).cset_uuid
+        h = self.host
+        if sb.attached_set(h, node) is not None:
+            raise RefusedError(f"{node} is still attached to its cache set {cset}: bcache has "
+                               "not given up the cache, and detaching it would flush through "
+                               "the failed SSD; nothing was changed",
+                               hint="`hotcache status` says what the kernel reports; "
+                                    "`echo 1 > /sys/fs/bcache/<set>/stop` forces it")
+        if cset and h.is_dir(sb.set_dir(cset)):
+            p.do(f"stop cache set {cset} (its SSD failed; no backing device uses it)",
+                 lambda ctx: unregister_set(h, cset))
+        # The backing device keeps running without a cache: its /dev/bcacheN serves every
+        # block from the origin, and udev registers it again at each boot.
+        return f"{node} (through its bcache device, which runs without a cache)"
 
     def dismantle(self, p, entry, nodes):
         node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid

@@ -13,7 +13,8 @@ import re
 import uuid
 
 from hotcache.provision.backends.dmflush import MIN_MIGRATION, ensure_writeback, wait_clean
-from hotcache.provision.backends.dmtable import CacheTable, cache_stats, parse_status, parse_table
+from hotcache.provision.backends.dmtable import (CacheTable, cache_stats, parse_status,
+                                                 parse_table, status_failure)
 from hotcache.provision.block import header, probe
 from hotcache.provision.errors import HotcacheError, ProbeFailed
 from hotcache.provision.plan import Ref
@@ -210,6 +211,20 @@ class DmCache(Backend):
         names = state.of(entry, DmCacheState).names or dm_names(entry.spec["name"])
         res = self.host.runner.run(["dmsetup", "status", names["cache"]])
         return cache_stats(parse_status(res.stdout))
+
+    def failure(self, entry, nodes):
+        names = state.of(entry, DmCacheState).names or dm_names(entry.spec["name"])
+        return status_failure(self.host.runner, ["dmsetup", "status", names["cache"]], entry)
+
+    def drop_failed_cache(self, p, entry, nodes):
+        names = state.of(entry, DmCacheState).names or dm_names(p.cache)
+        # --force swaps in the error target first, so a table stuck on the failed SSD
+        # (suspended, or failing its metadata commit) is removed without a flush.
+        for part in ("cache", "data", "meta"):
+            if live_table(names[part], self.host.runner) is not None:
+                p.run(f"remove the {part} mapping without a flush (the SSD failed)",
+                      ["dmsetup", "remove", "--force", "--retry", names[part]])
+        return nodes["origin"]
 
     def dismantle(self, p, entry, nodes):
         runner = self.host.runner

@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hotcache.provision.backends.base import Failure
+from hotcache.provision.errors import HotcacheError
+from hotcache.provision.system.runner import Runner
+
 MODES = ("writethrough", "writeback", "passthrough")
 
 
@@ -47,6 +51,25 @@ def parse_table(line: str) -> CacheTable:
     return CacheTable(int(f[1]), f[3], f[4], f[5], int(f[6]), mode,
                       [x for x in feats if x not in MODES], rest[0],
                       rest[2:2 + int(rest[1])])
+
+
+def failed(line: str) -> str | None:
+    """What a cache status line says is wrong with the cache (None: nothing): `Fail`
+    (the kernel stopped using it), read-only metadata, or needs_check."""
+    f = line.split()
+    if len(f) > 3 and f[2] == "cache":
+        f = f[3:]
+    if f and f[0] == "Fail":
+        return "dm-cache reports Fail: the kernel stopped using the cache after I/O errors"
+    try:
+        st = parse_status(line)
+    except (IndexError, ValueError):
+        return f"dm-cache's status is not one hotcache can read: {line.strip()!r}"
+    if st["metadata_mode"] == "ro":
+        return "dm-cache switched its metadata to read-only after an error"
+    if st["needs_check"]:
+        return "dm-cache set needs_check on its metadata"
+    return None
 
 
 def parse_status(line: str) -> dict:
@@ -93,3 +116,23 @@ def cache_stats(st: dict) -> dict:
         "cache_total_bytes": st["total_blocks"] * block,
         "promotions": st["promotions"], "demotions": st["demotions"],
     }
+
+
+def status_failure(runner: Runner, argv: list[str], entry) -> Failure | None:
+    """The verdict in a dm-cache status line (`dmsetup status` answers from the kernel's
+    tables, without I/O to the devices); None when the device is not loaded or well."""
+    try:
+        res = runner.run(argv, check=False, timeout=10)
+    except HotcacheError as exc:
+        return Failure(f"`{' '.join(argv)}` did not answer: {exc}", None)
+    said = failed(res.stdout) if res.returncode == 0 else None
+    if said is None:
+        return None
+    try:
+        st = parse_status(res.stdout)
+        dirty: int | None = st["dirty_blocks"] * st["block_sectors"] * 512
+    except (IndexError, ValueError):
+        dirty = None            # Fail reports no counters
+    if entry.mode in ("writethrough", "passthrough"):
+        dirty = 0               # every write reached the origin before it completed
+    return Failure(said, dirty)

@@ -13,13 +13,13 @@ on the PVs, so after a boot only the activation is missing, which `hotcache rest
 from __future__ import annotations
 
 from hotcache.provision.backends.dmflush import MIN_MIGRATION, ensure_writeback, wait_clean
-from hotcache.provision.backends.dmtable import cache_stats, parse_status
+from hotcache.provision.backends.dmtable import cache_stats, parse_status, status_failure
 from hotcache.provision.block import probe
 from hotcache.provision.block.host import Host
 from hotcache.provision.errors import ProbeFailed, RefusedError
 from hotcache.provision.records import CacheEntry, LvmCacheState
 from hotcache.provision.backends import state
-from hotcache.provision.backends.base import Backend
+from hotcache.provision.backends.base import Backend, Failure
 
 ORIGIN_LV = "data"
 
@@ -293,6 +293,29 @@ class LvmCache(Backend):
         major, minor = self.host.devnum(f"/dev/{vg}/{lv}").split(":")
         res = self.host.runner.run(["dmsetup", "status", "-j", major, "-m", minor])
         return cache_stats(parse_status(res.stdout))
+
+    failed_runbook = ("with its cache PV failed or missing, `lvconvert --uncache --force "
+                      "VG/LV` drops the cache from the LV (`vgreduce --removemissing VG` "
+                      "first if the PV is gone), then `hotcache teardown NAME --forget`")
+
+    def failure(self, entry, nodes):
+        vg, lv, _ = names(self.host, entry, entry.spec["name"])
+        try:
+            rows = report(self.host, "lvs", "lv_health_status,lv_attr", f"{vg}/{lv}")
+        except ProbeFailed:
+            rows = []           # live() and status report what lvs cannot see
+        health = (rows[0].get("lv_health_status") or "") if rows else ""
+        if health in ("partial", "failed", "refresh needed"):
+            dirty = 0 if entry.mode in ("writethrough", "passthrough") else None
+            return Failure(f"LVM reports {vg}/{lv} {health}"
+                           + (" (a PV of its volume group is missing)" if health == "partial"
+                              else ""), dirty)
+        try:
+            major, minor = self.host.devnum(f"/dev/{vg}/{lv}").split(":")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return status_failure(self.host.runner, ["dmsetup", "status", "-j", major, "-m", minor],
+                              entry)
 
     def dismantle(self, p, entry, nodes):
         h = self.host

@@ -214,6 +214,14 @@ def teardown(
     remove_images: bool = typer.Option(False, "--remove-images",
                                        help="Delete the image files of a loop-backed cache "
                                             "(and the data on them) once detached."),
+    cache_failed: bool = typer.Option(False, "--cache-failed",
+                                      help="The SSD failed (`hotcache status` says so): take "
+                                           "the cache apart without flushing it, leaving the "
+                                           "origin with its filesystem."),
+    accept_loss: Optional[str] = typer.Option(None, "--accept-loss", metavar="SIZE|all",
+                                              help="With --cache-failed: accept losing up "
+                                                   "to SIZE of writes that were on the failed "
+                                                   "SSD only (status names the amount)."),
     dry_run: bool = DryRunOpt, as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
     fstab: Optional[Path] = FstabOpt,
 ):
@@ -223,6 +231,10 @@ def teardown(
     A cache that is not live (after a boot, before `hotcache restore NAME`) is refused:
     restore it, then tear it down. Nothing is reported done unless the flush completed.
 
+    When the SSD failed (`hotcache status` reports CACHE_FAILED), --cache-failed takes the
+    cache apart without it; writes that were on the SSD only are lost, and it asks for
+    --accept-loss naming at least that much.
+
     A loop-backed cache's image files are kept (the plan says so) and stay known as
     hotcache's, so applying the same spec again mounts them again; --remove-images
     deletes them."""
@@ -231,7 +243,8 @@ def teardown(
     need_root("teardown")
     env = make_env(state, fstab, dry_run=dry_run)
     with holding_state(env, f"teardown {name}"):
-        result = plan_teardown(name, env, wipe=wipe, forget=forget, remove_images=remove_images)
+        result = plan_teardown(name, env, wipe=wipe, forget=forget, remove_images=remove_images,
+                               cache_failed=cache_failed, accept_loss=accept_loss)
         if dry_run:
             return dry_run_report(result, "teardown", as_json)
         if not as_json:

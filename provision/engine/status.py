@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from hotcache.provision.system.strenum import StrEnum
 from hotcache.provision import mapping
-from hotcache.provision.block import blockdev
+from hotcache.provision.block import blockdev, health
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
 from hotcache.provision.backends import recorded
@@ -31,6 +31,7 @@ class Code(StrEnum):
     WRONG_FILESYSTEM = "WRONG_FILESYSTEM"     # the mountpoint holds another filesystem
     NOT_IN_FSTAB = "NOT_IN_FSTAB"             # it will not be mounted at boot
     STATS_UNREADABLE = "STATS_UNREADABLE"     # the backend's statistics could not be read
+    CACHE_FAILED = "CACHE_FAILED"             # the kernel reports the cache device failed
 
 
 @dataclass(frozen=True)
@@ -44,14 +45,18 @@ def current_node(entry: CacheEntry, role: str = "origin", runner: Runner | None 
     return recorded.current_node(entry, role, Host(runner))
 
 
-def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file) -> dict:
-    host = Host(runner)
+def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
+                 host: Host | None = None) -> dict:
+    host = host or Host(runner)
     fs = entry.filesystem
     mp = fs.mountpoint
     problems: list[Problem] = []
+    ssd_problems: list[Problem] = []       # the cache device's: superseded by a failure
 
-    def found_problem(code: Code, message: str) -> None:
+    def found_problem(code: Code, message: str, role: str | None = None) -> None:
         problems.append(Problem(code, message))
+        if role == "cache":
+            ssd_problems.append(problems[-1])
 
     devices = {}
     for role in entry.devices:
@@ -62,12 +67,16 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file) -> di
             why = Code.DEVICE_UNREADABLE
         devices[role] = {"node": found.node, "present": found.node is not None}
         if found.problem:
-            found_problem(why, found.problem)
+            found_problem(why, found.problem, role)
         elif found.node is None:
             found_problem(Code.DEVICE_MISSING,
-                          f"{role} device is missing ({_describe(entry, role)})")
+                          f"{role} device is missing ({_describe(entry, role)})", role)
         if found.moved:
-            found_problem(Code.DEVICE_RENAMED, found.moved)
+            found_problem(Code.DEVICE_RENAMED, found.moved, role)
+    failed = cache_failure(entry, host, {r: d["node"] for r, d in devices.items()})
+    if failed:
+        problems[:] = [p for p in problems if p not in ssd_problems]
+        found_problem(Code.CACHE_FAILED, failed["message"])
     if entry.state != "ready":
         found_problem(Code.APPLY_UNFINISHED, f"state is {entry.state!r}: an apply did "
                       "not finish; run `hotcache apply` again")
@@ -80,7 +89,7 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file) -> di
         "state": entry.state, "devices": devices, "cached_device": cached,
         "mountpoint": mp, "mounted": False, "noatime": False, "fs_uuid_matches": False,
         "options": [], "size_bytes": None, "used_bytes": None, "free_bytes": None,
-        "persistent": None,
+        "persistent": None, "cache_failed": failed,
     }
     if mount is None:
         found_problem(Code.NOT_MOUNTED, f"not mounted at {mp}")
@@ -95,7 +104,7 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file) -> di
         if missing:
             found_problem(Code.MOUNT_OPTIONS_MISSING,
                           f"{mp} is mounted without {','.join(missing)}")
-        if os.path.exists(mount.source):
+        if os.path.exists(mount.source) and not failed:   # blkid could hang on it
             got = blockdev.fs_identity(host, mount.source).get("UUID")
             result["fs_uuid_matches"] = got == fs.uuid
             if not result["fs_uuid_matches"]:
@@ -126,6 +135,37 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file) -> di
     result["findings"] = [{"code": p.code.value, "message": p.message} for p in problems]
     result["ok"] = not problems
     return result
+
+
+def cache_failure(entry: CacheEntry, host: Host, nodes: dict) -> dict | None:
+    """The cache device's failure, as the kernel reports it and as a bounded read of the
+    SSD finds it; None when neither finds anything wrong."""
+    info = entry.devices.get("cache")
+    if entry.backend == "none" or info is None:
+        return None
+    try:
+        verdict = get_backend(entry.backend, host).failure(entry, nodes)
+    except (HotcacheError, OSError) as exc:
+        verdict = None
+        unanswered = f"its state could not be read ({exc})"
+    else:
+        unanswered = None
+    path = next(iter(info.by_id or []), None) or info.path or info.node
+    unreadable = health.read_error(host, path) if path and host.exists(path) else None
+    if verdict is None and unreadable is None:
+        return None
+    said = [x for x in (verdict and verdict.said, unreadable, unanswered) if x]
+    dirty = verdict.dirty_bytes if verdict else None
+    if dirty is None and entry.mode in ("writethrough", "passthrough"):
+        dirty = 0
+    if dirty == 0:
+        risk = "no dirty data at risk: every write reached the origin"
+    elif dirty is None:
+        risk = "dirty data at risk: unknown (the kernel no longer reports it)"
+    else:
+        risk = f"{dirty / 2**20:.1f} MiB of dirty data at risk (written to the cache only)"
+    return {"device": path, "kernel": "; ".join(said), "dirty_bytes": dirty,
+            "message": f"cache failed: {path}: {'; '.join(said)}; {risk}"}
 
 
 def working_set(row: dict, entry: CacheEntry, before: dict | None = None,

@@ -5,6 +5,9 @@ A cache that is not live (tables not loaded, backing device not registered: afte
 before `hotcache restore`) cannot be flushed, so its teardown is refused: what it holds
 (dirty blocks, the geometry that describes them) would be lost. `--forget` removes the
 entry of a cache whose devices are gone for good, after saying what is lost.
+`--cache-failed` takes apart a cache whose SSD the kernel reports failed: no flush (the
+SSD cannot give its data back), the origin left with its filesystem; dirty data that
+was on the SSD only is lost, and it goes ahead only with `--accept-loss` covering it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from hotcache.provision.records import BcacheState, CacheEntry, DmCacheState, Lv
 
 
 def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = False,
-                  remove_images: bool = False) -> Plan:
+                  remove_images: bool = False, cache_failed: bool = False,
+                  accept_loss: str | None = None) -> Plan:
     data = mapping.load(env.state)
     entry = data["caches"].get(name)
     if entry is None:
@@ -41,6 +45,11 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
     why = backend.live(entry, seen)
     if forget:
         return _plan_forget(name, entry, env, why)
+    if cache_failed:
+        if wipe:
+            raise UsageError("--cache-failed keeps the origin's filesystem, so it cannot --wipe",
+                             hint=f"`hotcache teardown {name} --cache-failed` alone")
+        return _plan_failed(name, entry, env, seen, accept_loss)
     if why:
         raise RefusedError(
             f"{name} is not live: {why}. Its teardown would skip the flush and lose what "
@@ -98,6 +107,65 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
     for role, image in kept:
         plan.notes.append(_kept_note(name, entry, image, wiped=wipe))
     _forget(p, name, env, entry, kept)
+    return plan
+
+
+def _plan_failed(name: str, entry: CacheEntry, env: Env, seen: dict,
+                 accept_loss: str | None) -> Plan:
+    """Take apart a cache whose SSD failed, without it: unmount, let the backend drop
+    the cache layer, leave the origin with its filesystem, forget the cache."""
+    from hotcache.provision.engine.status import cache_failure
+    from hotcache.provision.system.sizes import parse_size
+
+    failed = cache_failure(entry, env.host, seen)
+    if failed is None:
+        raise RefusedError(
+            f"the kernel reports nothing wrong with the SSD of {name}, and it answers reads; "
+            "--cache-failed skips the flush, so it is only for a failed SSD; nothing was "
+            "changed", hint=f"`hotcache teardown {name}` flushes the cache and takes it down")
+    dirty = failed["dirty_bytes"]
+    if dirty != 0:
+        at_risk = "an unknown amount" if dirty is None else f"{dirty} bytes"
+        try:
+            accepted = None if accept_loss is None else (
+                float("inf") if accept_loss == "all" else parse_size(accept_loss))
+        except ValueError as exc:
+            raise UsageError(f"--accept-loss {accept_loss}: {exc}",
+                             hint="give a size such as 64M, or `all`") from exc
+        if accepted is None or (dirty is None and accepted != float("inf")) \
+                or (dirty is not None and accepted < dirty):
+            raise RefusedError(
+                f"{failed['message']}. Taking {name} apart loses {at_risk} of writes that "
+                "reached the cache only; nothing was changed",
+                hint=f"to accept that loss: `hotcache teardown {name} --cache-failed "
+                     f"--accept-loss {'all' if dirty is None else dirty}`; then check the "
+                     "filesystem on the origin (`xfs_repair -n`) before using it")
+    backend = get_backend(entry.backend, env.host)
+    origin = recorded.require(entry, "origin", env.host, cache=name).node
+    plan = Plan()
+    p = Planner(env, name, plan)
+    plan.notes.append(failed["message"])
+    mp = entry.filesystem.mountpoint
+    mounted = blockdev.mount_at(env.host, mp) if mp else None
+    if mounted:
+        users = busy.users_of(mp)
+        if users:
+            raise RefusedError(f"{mp} is busy, so {name} cannot be taken down:\n"
+                               + "\n".join(f"  {u}" for u in users),
+                               hint="stop those processes (training jobs, shells cd'ed "
+                                    "into it) and run teardown again")
+        p.run(f"unmount {mp}", ["umount", mp])
+    left = backend.drop_failed_cache(p, entry, {"origin": origin})
+    if backend.restores_at_boot:
+        remove_unit(p, name)
+    _remove_fstab_entry(p, name, entry)
+    _forget(p, name, env, entry, [])
+    plan.notes.append(f"the filesystem (UUID {entry.filesystem.uuid}) is on {left}: "
+                      f"`mount -o noatime UUID={entry.filesystem.uuid} {mp}` mounts it"
+                      + ("" if dirty == 0 else "; run `xfs_repair -n` on it first, since "
+                         "writes that were on the SSD only are lost")
+                      + ". A new SSD: put it in, then build the cache again with "
+                        "`hotcache apply` (warm-up starts over)")
     return plan
 
 

@@ -78,6 +78,11 @@ ADVICE: dict[str, str] = {
     Drift.NOT_IN_FSTAB: APPLY_AGAIN,
     Drift.WRONG_FILESYSTEM: "another filesystem is mounted there: unmount it (`umount "
                             "MOUNTPOINT`), then `hotcache apply SPEC`",
+    Drift.CACHE_FAILED: "the SSD under {name} failed; what is not dirty is on the origin. "
+                        "`hotcache teardown {name} --cache-failed` takes the cache apart "
+                        "without its SSD and leaves the origin with its filesystem (with "
+                        "dirty data lost it asks for --accept-loss); then replace the SSD "
+                        "and build the cache again",
     Drift.STATS_UNREADABLE: "`hotcache status {name}` shows the details; `hotcache apply "
                             "SPEC` repairs drift",
     Code.MAPPING_UNREADABLE: "{hint}",

@@ -164,6 +164,15 @@ class StatusCollector:
                 ["cache"]).add_metric([name], int(bool(row.get("ok"))))
         g.gauge("cache_problems", "Problems `hotcache status` reports for the cache.",
                 ["cache"]).add_metric([name], len(row.get("problems") or []))
+        failed = row.get("cache_failed")
+        if row.get("backend") not in (None, "none"):
+            g.gauge("cache_failed", "1 when the kernel reports the cache's SSD failed (dm-cache "
+                    "Fail or read-only metadata, bcache detached its cache set, LVM a missing "
+                    "or failed PV) or the SSD does not answer a read, else 0.",
+                    ["cache"]).add_metric([name], int(bool(failed)))
+        if failed and failed.get("dirty_bytes") is not None:
+            g.gauge("cache_failed_dirty_bytes", "Dirty data (written to the failed cache only) "
+                    "at risk, in bytes.", ["cache"]).add_metric([name], failed["dirty_bytes"])
         self._restore(g, name, row)
         g.gauge("cache_mounted", "1 when the cache's filesystem is mounted where the mapping "
                 "says, else 0.", ["cache", "mountpoint"]).add_metric([name, mp],
