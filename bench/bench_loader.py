@@ -1,5 +1,5 @@
 """Benchmark: the four ways to feed a model from JPEG class folders, on the same files,
-in one run (issue 16): samples/s with no training step, and accelerator utilisation
+in one run: samples/s with no training step, and accelerator utilisation
 (AU) with a simulated step.
 
     .venv/bin/python bench/bench_loader.py [--images 1024] [--rounds 3] [--worker-process]

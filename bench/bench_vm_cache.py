@@ -310,7 +310,8 @@ def arguments(ap) -> None:
     ap.add_argument("--max-warm", type=int, default=8, help="hotcache warm --max-passes")
     ap.add_argument("--backends", type=backends, default=",".join(BACKENDS),
                     help="comma-separated, of " + ", ".join(BACKENDS) + " (default: all); "
-                    "issue 16's warm goal needs only dm-cache,lvmcache (a shorter boot)")
+                    "the check after `hotcache warm` needs only dm-cache,lvmcache "
+                    "(a shorter boot)")
 
 
 def backends(text: str) -> str:
