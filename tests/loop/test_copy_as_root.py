@@ -1,5 +1,5 @@
-"""Hot copies as root on a real XFS that a training user can write to (the README's
-`owner: train:train`, mode 2775): real attacks by a real unprivileged user's files, each
+"""Hot copies as root on a real XFS that a training user can write to (the host spec's
+`owner: train:train`, mode 2775, docs/running-as-root.md): real attacks by a real unprivileged user's files, each
 checking that nothing outside DEST changed and no secret was copied. Races are made
 deterministic by running the attacker's step from a wrapper around one of the copier's
 own steps (the moment a real attacker would have to hit)."""

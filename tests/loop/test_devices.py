@@ -71,8 +71,8 @@ def two_loop_images(sandbox) -> tuple[str, str]:
 
 @pytest.mark.parametrize("backend", ["dm-cache", "lvmcache", "bcache"])
 def test_a_kernel_without_the_feature_gets_exit_7_naming_it(sandbox, backend):
-    """README: a kernel without bcache or device-mapper gets an error naming what is
-    missing and the backends this host can use (exit 7), and nothing changes. Where this
+    """docs/provisioning-and-specs.md: a kernel without bcache or device-mapper gets an
+    error naming what is missing and the backends this host can use (exit 7), and nothing changes. Where this
     kernel does have the feature, the same spec plans (the guest tier builds it)."""
     hdd, ssd = two_loop_images(sandbox)
     spec = sandbox / "spec.yaml"

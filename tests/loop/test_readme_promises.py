@@ -1,4 +1,4 @@
-"""README promises checked on real loop devices and XFS: an external program's failure
+"""Promises of the docs checked on real loop devices and XFS: an external program's failure
 (exit 4, its argv and stderr), a non-default device timeout in fstab, `restore`
 re-attaching a loop device the kernel forgot, and data_root() detecting its device as
 an unprivileged user."""

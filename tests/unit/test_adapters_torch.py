@@ -98,7 +98,7 @@ def test_slow_dataset_is_judged_highly_input_bound_fast_one_is_not():
 
 
 def test_workers_come_from_the_cpu_count_and_pinning_from_cuda(monkeypatch, jpegs):
-    """README: workers from the CPU count (shared among this host's ranks, at most 8),
+    """docs/adapters.md: workers from the CPU count (shared among this host's ranks, at most 8),
     pin_memory when CUDA is there. The CPU set and CUDA are faked: neither is this
     machine's to choose."""
     root, _ = jpegs

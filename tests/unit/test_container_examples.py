@@ -1,4 +1,5 @@
-"""examples/container: the compose file and Dockerfile keep what the README promises
+"""examples/container: the compose file and Dockerfile keep what
+docs/containers-and-kubernetes.md promises
 (no container runtime runs on the test machine; tests/loop/test_kube_loop.py runs
 data_root() in a mount namespace set up as a runtime does)."""
 

@@ -146,16 +146,16 @@ def test_published_schema_is_current_and_examples_validate(tmp_path):
 
 
 def readme_spec() -> dict:
-    """The host spec shown in README's "The host spec" section."""
-    text = (ROOT / "README.md").read_text()
+    """The host spec shown in "The host spec" of docs/provisioning-and-specs.md."""
+    text = (ROOT / "docs" / "provisioning-and-specs.md").read_text()
     section = text[text.index("## The host spec"):]
     block = section[section.index("```yaml") + len("```yaml"):]
     return yaml.safe_load(block[:block.index("```")])
 
 
 def test_readme_spec_validates_against_the_schema_and_the_loader():
-    """README tells editors to validate specs against the schema; its own example (device
-    paths as plain strings) must pass both the schema and hotcache's loader."""
+    """The docs tell editors to validate specs against the schema; their own example
+    (device paths as plain strings) must pass both the schema and hotcache's loader."""
     doc = readme_spec()
     assert isinstance(doc["caches"][0]["origin"], str)
     jsonschema.validate(doc, json_schema())
@@ -219,13 +219,21 @@ def test_help_lists_commands_and_every_reporting_command_takes_json():
 
 
 def test_readme_test_commands_fail_on_skips_like_ci(tmp_path):
-    """Every pytest command README gives sets HOTCACHE_FAIL_ON_SKIP=1, as .ci/run does, and
-    with it a skipped test fails the run (a missing torch must not pass quietly)."""
+    """Every pytest command the README and the docs give (inline or in a code block) sets
+    HOTCACHE_FAIL_ON_SKIP=1, as .ci/run does, and with it a skipped test fails the run (a
+    missing torch must not pass quietly)."""
     import re
     import subprocess
 
-    commands = re.findall(r"`([^`]*-m pytest[^`]*)`", (ROOT / "README.md").read_text())
-    assert commands
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "tests" / "README.md",
+             *sorted((ROOT / "docs").glob("*.md"))]
+    commands = []
+    for page in pages:
+        text = page.read_text()
+        commands += re.findall(r"`([^`\n]*-m pytest[^`\n]*)`", text)
+        commands += [line for line in text.splitlines()
+                     if "-m pytest" in line and not line.lstrip().startswith("`")]
+    assert len(commands) >= 5, commands
     for command in commands:
         assert "HOTCACHE_FAIL_ON_SKIP=1" in command.split(), command
     assert "HOTCACHE_FAIL_ON_SKIP=1" in (ROOT / ".ci" / "run").read_text()

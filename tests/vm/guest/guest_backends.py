@@ -221,8 +221,8 @@ def test_warm_fills_the_cache(built):
     why = (from_origin, report["stopped"], [(p["from_origin"], p["promoted"]) for p in passes],
            report["focus"])
     assert abs(from_origin - passes[-1]["from_origin"]) <= 0.1 * count * size, why
-    # README: warm stops when at most 0.5% of the bytes came from the origin, or says why
-    # it stopped short (the cache is full, three quiet passes, --max-passes).
+    # docs/hot-copies.md: warm stops when at most 0.5% of the bytes came from the origin,
+    # or says why it stopped short (the cache is full, three quiet passes, --max-passes).
     named = ("the cache is full", "promotions and cache use stopped rising",
              "reached --max-passes")
     if passes[-1]["from_origin"] > 0.005 * passes[-1]["bytes"]:
@@ -424,9 +424,9 @@ def test_lvmcache_attaches_to_existing_lv():
 
 
 def test_flush_timeout_leaves_the_dirty_cache(monkeypatch):
-    """README: a flush stops at HOTCACHE_FLUSH_TIMEOUT with exit 8, and the cache is left
-    in place, never removed while dirty. The origin is a dm-delay device whose writes
-    take 10 s, so dm-cache's cleaner cannot write a block back within a 3 s timeout;
+    """docs/provisioning-and-specs.md: a flush stops at HOTCACHE_FLUSH_TIMEOUT with exit 8,
+    and the cache is left in place, never removed while dirty. The origin is a dm-delay
+    device whose writes take 10 s, so dm-cache's cleaner cannot write a block back within a 3 s timeout;
     made fast again, the next teardown flushes everything and the origin holds every
     file. Runs on pair 4 once the existing-LV case is done with it."""
     n = EXISTING_LV_PARTITION
