@@ -4,9 +4,8 @@ from many threads at once (hashlib and os.readv/os.write release the GIL, so thr
 really overlap).
 
 One path for every size. A kernel copy (sendfile, hashed from the staging file's pages
-by a second thread) was tried for files of 16 MiB and up and removed: with the VM's
-memory noise taken out of the measurement it took 1.07x the time of this path on XFS
-over a loop device and 1.24x on ext4, and 1.15-1.25x the CPU (README, "Hot copies")."""
+by a second thread) is not faster for large files: it took more time and more CPU than
+this path on XFS and on ext4 (bench/bench_copy.py measures the copy; BENCHMARKS.md)."""
 
 from __future__ import annotations
 
@@ -40,7 +39,7 @@ def default_jobs() -> int:
 
 def large_streams() -> int:
     """Many sequential streams at once interleave on the disks (seeks, fragmented extents):
-    measured here, 2 streams of large files beat 8."""
+    2 streams of large files copy faster than 8 (bench/bench_copy.py)."""
     return max(2, (os.cpu_count() or 1) // 2)
 
 

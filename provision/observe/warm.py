@@ -8,9 +8,8 @@ epoch finds it in the cache.
   (`origin_reads`: /sys/class/block/<origin>/stat; else the cache's miss counter); or
   the cache is full; or QUIET_PASSES passes in a row neither promoted nor read less from
   the origin; at most `max_passes`. bcache caches every read miss (sequential_cutoff 0,
-  congestion bypass off), so one pass usually does it and the second proves it
-  (measured in the guest kernel: after one parallel pass, half of a dataset still came
-  from the origin in one boot, none in another).
+  congestion bypass off), so one pass usually does it and the second proves it (in the
+  guest kernel one parallel pass has left half of a dataset on the origin).
 - dm-cache / lvmcache: the smq policy promotes gradually, so before the full passes
   comes a focused sweep: the files (in path order) are cut into about 8 windows by size
   and each window is read again and again, at most one read per second, until its
@@ -19,15 +18,15 @@ epoch finds it in the cache.
   most once per 1 s tick, and promotes eagerly only when a good share of recent
   lookups land on high-ranked entries. Re-reading one window across several ticks
   lifts exactly those entries above the rest; one read of everything per pass lifts
-  every entry alike, which (measured: README, block-cache benchmark) left smq
-  promoting only part of the data per pass. smq promotes in waves (a pass without
+  every entry alike, which (bench/bench_vm_cache.py) left smq promoting only part of
+  the data per pass. smq promotes in waves (a pass without
   promotions can be followed by one with many), so one quiet pass does not end it.
   Full passes are spaced a tick apart, and between two of them the files that the last
   pass read much slower than the rest (they still came from the origin: `slow_files`)
   are re-read on their own, when they are under half of all, until they hit the cache
   (at most FOCUS_READS reads): a full pass raises every hotspot entry alike, a focused
-  re-read raises exactly the ones still missing (measured: full passes alone cut the
-  misses by only 20-30% each). smq may still decline some blocks for good (seen in the
+  re-read raises exactly the ones still missing (full passes alone cut the misses only
+  by a fraction each). smq may still decline some blocks for good (seen in the
   guest kernel: lvmcache kept a quarter of a small dataset on the origin through 16
   focused reads); the report says how much the last pass read from the origin.
   Raising dm-cache's `migration_threshold` during warm would not help: in the kernel
@@ -35,18 +34,16 @@ epoch finds it in the cache.
   issued regardless (`smq_get_background_work`), so warm leaves the tunable alone.
 - Every block cache: a pass that hit with parallel readers is followed by one read with
   a single reader, in path order, as an epoch reads; warm stops only when that pass hits
-  too (one pass past `max_passes` if the hit came on the last pass allowed). Measured in
-  the VM benchmark: warm's own parallel last pass had hit (3 misses, 128 KiB from the
-  origin), yet the benchmark's first single-reader pass after it ran at 0.67x the bare
-  SSD, and the next at 1.03x.
+  too (one pass past `max_passes` if the hit came on the last pass allowed): in the VM
+  benchmark a parallel pass that hit was followed by a single-reader pass well below
+  the bare SSD's speed (BENCHMARKS.md, "Block caches in a guest kernel").
 For block caches, each file is dropped from the page cache (posix_fadvise DONTNEED)
 before it is read, so every pass reaches the block device: without that, passes after
 the first would be served from RAM and the block cache would never see them. This drops
 only these files, not the whole host's page cache. The filesystem's own metadata (inodes,
 directory blocks) would still stay in RAM and never reach the cache, so a cold start
-(reboot, or a page cache dropped) would read it from the slow origin: measured in the VM
-benchmark, the first cold pass after warm ran at 0.63x the bare SSD and the one after it
-at 0.99x. So, as root, before each read warm also asks the kernel to drop reclaimable
+(reboot, or a page cache dropped) would read it from the slow origin, and the first
+cold pass after warm would run well below the bare SSD's speed. So, as root, before each read warm also asks the kernel to drop reclaimable
 dentries and inodes (`echo 2 > /proc/sys/vm/drop_caches`: no file data, nothing dirty;
 the kernel rebuilds them on the next lookup), which makes the metadata go through the
 block cache too (`metadata_reread` in the report).
@@ -327,10 +324,10 @@ def settled(passes: list[dict]) -> str | None:
     """Why the full passes can stop after the last one, or None to read again.
 
     What counts is whether reads still go to the origin: a pass that promoted nothing can
-    still have missed (measured in the VM benchmark: smq's promotions came in waves,
-    +126, +14, +0, then +52 in the next pass), so a quiet pass alone is not the end.
-    Not on a plateaued read rate either: it plateaued while the CPU was the limit and ~7%
-    of the data was still on the origin only."""
+    still have missed (smq's promotions come in waves: a pass promoting nothing can be
+    followed by one promoting many), so a quiet pass alone is not the end. Not on a
+    plateaued read rate either: it can plateau while the CPU is the limit and part of
+    the data is still on the origin only."""
     last = passes[-1]
     hit = hit_cache(last)
     if hit:
@@ -535,10 +532,10 @@ def _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache)
             break
         stop = settled(passes)
         if stop and hit_cache(one) and reader.jobs > 1:
-            # Parallel reads hit, but an epoch reads one file after another: measured in
-            # the VM benchmark, the first such pass after a parallel warm once ran at 0.67x
-            # the bare SSD while warm's own last pass had hit. So the last word goes to a
-            # pass read the way an epoch reads it (one past --max-passes if need be).
+            # Parallel reads hit, but an epoch reads one file after another, and such a
+            # pass after a parallel warm that hit can still miss (BENCHMARKS.md). So the
+            # last word goes to a pass read the way an epoch reads it (one past
+            # --max-passes if need be).
             reader.jobs = 1
             limit = max(limit, n + 1)
             continue
