@@ -357,7 +357,8 @@ def check_space_and_copies(caches: dict, rows: dict[str, dict], opts: Options) -
     for name, row in sorted(rows.items()):
         if not row["mounted"] or not row["size_bytes"]:
             continue
-        copies = hot_copies(caches[name], True)
+        # A failed cache's filesystem answers with I/O errors: only recorded copies.
+        copies = hot_copies(caches[name], not row.get("cache_failed"))
         free, size = row["free_bytes"], row["size_bytes"]
         share = 100.0 * free / size
         if share < opts.min_free_percent:

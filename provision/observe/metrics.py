@@ -98,7 +98,11 @@ def _scan(root: Path, depth: int = 2):
         return
     for child in children:
         path = Path(child.path)
-        if (path / hotcopy_format.METADATA).is_file():
+        try:
+            holds_copy = (path / hotcopy_format.METADATA).is_file()
+        except OSError:         # an I/O error (a failed cache) is no copy to report
+            continue
+        if holds_copy:
             yield path
         elif depth > 1 and not child.name.endswith(hotcopy_format.STAGING_SUFFIX):
             yield from _scan(path, depth - 1)
@@ -198,7 +202,8 @@ class StatusCollector:
                 g.gauge(f"filesystem_{key}", help_, ["cache", "mountpoint"]).add_metric(
                     [name, mp], value)
         self._working_set(g, name, row, stats)
-        for copy in hot_copies(self.entries.get(name), bool(row.get("mounted"))):
+        scan = bool(row.get("mounted")) and not row.get("cache_failed")
+        for copy in hot_copies(self.entries.get(name), scan):
             self._copy(g, name, copy)
 
     def _restore(self, g: "_Families", name: str, row: dict) -> None:

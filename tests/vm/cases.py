@@ -27,7 +27,9 @@ SSD_PARTS_MIB, HDD_PARTS_MIB = (80, 80, 80), (480, 480, 480, 543, 330)
 # old names (vdc1, vdc2) name the SSD's partitions (bcache's SSD, the first dm-cache's SSD).
 SAFETY_BOOT1 = ("test_bystander_holds_ext4_data", "test_build_on_kernel_names", "test_shutdown",
                 "test_origin_failing_during_teardown_keeps_everything[bcache-3]",
-                "test_origin_failing_during_teardown_keeps_everything[dm-cache-4]")
+                "test_origin_failing_during_teardown_keeps_everything[dm-cache-4]",
+                "test_failed_ssd_named_and_torn_down[bcache-3-5]",
+                "test_failed_ssd_named_and_torn_down[dm-cache-4-6]")
 SAFETY_BOOT2 = ("test_disks_changed_order", "test_teardown_of_a_cache_not_loaded_is_refused",
                 "test_restore_finds_each_cache_by_identity",
                 "test_teardown_after_restore_puts_every_file_on_the_origin",

@@ -8,6 +8,7 @@ bcache's SSD."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -201,3 +202,82 @@ def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch
         sh("umount", mp)
         if loop:
             sh("losetup", "--detach", loop)
+
+
+@pytest.mark.parametrize("backend, n, hdd", [("bcache", 3, 5), ("dm-cache", 4, 6)])
+def test_failed_ssd_named_and_torn_down(backend, n, hdd):
+    """A writethrough cache whose SSD (a dm-linear device with a dm UUID) switches to the
+    error target after the data was read through it: status and doctor name the failure
+    within a bounded time (never "unproven" or "another filesystem"), `teardown
+    --cache-failed` ends with exit 0, the entry, unit and fstab line gone, and the
+    filesystem mounted from the origin holds every file."""
+    ssd = f"/dev/disk/by-id/virtio-ssd-part{n}"       # free again after the case above
+    sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
+    sectors = int(sh("blockdev", "--getsz", ssd).stdout)
+    dm, name = f"ssdfail{n}", f"w{n}"
+    sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table",
+       f"0 {sectors} linear {os.path.realpath(ssd)} 0")
+    sh("udevadm", "settle")
+    spec = PERSIST / f"spec-{name}.yaml"
+    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
+        "name": name, "backend": backend, "mode": "writethrough",
+        "origin": f"/dev/disk/by-id/virtio-hdd-part{hdd}", "cache": f"/dev/mapper/{dm}",
+        "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    fs_uuid = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name][
+        "filesystem"]["uuid"]
+    folder = MOUNTS / name / "data"
+    sums = write_files(folder, 40, 64 * 1024, "s")
+    for _ in range(3):                  # read through the cache (smq promotes re-reads)
+        drop_caches()
+        assert checksums(folder, "s") == sums
+    fail(dm, f"0 {sectors} error")
+
+    def readable() -> int:
+        drop_caches()
+        good = 0
+        for file, want in sums.items():
+            try:
+                good += hashlib.sha256((folder / file).read_bytes()).hexdigest() == want
+            except OSError:             # dm-cache errors reads of blocks on the SSD
+                pass
+        return good
+    if backend == "bcache":             # the kernel detaches the failed cache by itself
+        poll("every file readable through bcache", lambda: readable() == len(sums),
+             timeout=120, interval=5)
+    else:
+        print(f"{backend}: {readable()}/40 files readable during the failure", flush=True)
+
+    def failed():
+        row = status(name)
+        return row if "CACHE_FAILED" in [f["code"] for f in row["findings"]] else None
+    row = poll("status to name the failed SSD", failed, timeout=120, interval=5)
+    codes = [f["code"] for f in row["findings"]]
+    assert not {"DEVICE_UNPROVEN", "WRONG_FILESYSTEM"} & set(codes), row["findings"]
+    message = next(f["message"] for f in row["findings"] if f["code"] == "CACHE_FAILED")
+    assert message.startswith("cache failed: ") and "no dirty data at risk" in message
+    found = hotcache("doctor", "--json").json["findings"]
+    fix = next(f["fix"] for f in found if f["code"] == "CACHE_FAILED" and f["subject"] == name)
+    assert f"hotcache teardown {name} --cache-failed" in fix
+
+    res = hotcache("teardown", name, "--cache-failed", "--yes")
+    assert res.code == 0, res.out
+    assert name not in yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"]
+    assert not (PERSIST / "units" / f"hotcache-restore-{name}.service").exists()
+    assert fs_uuid not in (PERSIST / "fstab").read_text()
+    assert f"UUID={fs_uuid}" in res.out               # the plan says how to mount it
+    sh("udevadm", "settle")
+    mp = MOUNTS / f"origin-{name}"
+    mp.mkdir(exist_ok=True)
+    sh("mount", "-o", "noatime", f"UUID={fs_uuid}", mp)
+    try:
+        assert checksums(mp / "data", "s") == sums
+    finally:
+        sh("umount", mp)
+    if backend == "bcache":             # leave the partition free: stop the bare bcache
+        from hotcache.provision.backends import bcache
+        from hotcache.provision.block.host import Host
+
+        bcache.stop_backing(Host(), os.path.realpath(f"/dev/disk/by-id/virtio-hdd-part{hdd}"))
+    sh("dmsetup", "remove", dm)
