@@ -21,12 +21,14 @@ import os
 import re
 from pathlib import Path
 
+from hotcache.provision.system import beneath
 from hotcache.provision.system.strenum import StrEnum
 from hotcache.provision.errors import UsageError
 
 FORMAT = 1
 MANIFEST = "SHA256SUMS"
 METADATA = ".hotcache-copy.json"
+METADATA_LIMIT = 2**20     # a copy's metadata is a few KiB; a bigger file is not one
 STAGING_SUFFIX = ".hotcache-staging"
 RESERVED = {MANIFEST, METADATA}
 
@@ -101,10 +103,8 @@ def read_metadata(dest: Path) -> dict | None:
     """The metadata of a complete, published hot copy at `dest`, or None."""
     if dest.name.endswith(STAGING_SUFFIX):
         return None
-    try:   # never through a symlink planted at the metadata's name
-        fd = os.open(dest / METADATA, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with open(fd, "rb") as f:
-            meta = json.loads(f.read())
+    try:   # never through a symlink, a FIFO or a huge file planted at the metadata's name
+        meta = json.loads(beneath.read_regular(dest / METADATA, limit=METADATA_LIMIT))
     except (OSError, ValueError):
         return None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not meta.get("complete"):
@@ -131,9 +131,7 @@ def read_manifest(path: Path, dir_fd: int | None = None) -> dict[str, str]:
     The manifest itself is never a symlink (O_NOFOLLOW); with `dir_fd`, `path` is a name
     in that folder."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-        with open(fd, "rb") as f:
-            text = os.fsdecode(f.read())
+        text = os.fsdecode(beneath.read_regular(path, dir_fd=dir_fd))
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the manifest ({exc.strerror})") from None
     digests: dict[str, str] = {}

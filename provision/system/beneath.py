@@ -172,13 +172,43 @@ def write_file(dirfd: int, name: str, data: bytes, mode: int = 0o644,
     os.fsync(dirfd)
 
 
-def read_file(dirfd: int, name: str) -> bytes:
-    fd = open_at(dirfd, name)
+class NotRegular(OSError):
+    """A name that was to hold a regular file holds something else (a FIFO, a device,
+    a folder), or a file larger than its reader takes."""
+
+
+def _read_open(fd: int, name: str, limit: int | None) -> bytes:
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(errno.EINVAL, "not a regular file (hotcache reads only regular "
+                             "files here)", name)
+        if limit is not None and st.st_size > limit:
+            raise NotRegular(errno.EFBIG, f"{st.st_size} bytes, more than the {limit} this "
+                             "file may hold", name)
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
+            return f.read() if limit is None else f.read(limit + 1)[:limit]
     finally:
         os.close(fd)
+
+
+# O_NONBLOCK: opening a FIFO planted at the name returns at once (a blocking open would
+# wait forever for a writer) and the fstat above refuses it.
+READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK
+
+
+def read_file(dirfd: int, name: str, limit: int | None = None) -> bytes:
+    """The bytes of the regular file `name` beneath `dirfd`; NotRegular (an OSError) for
+    anything else, or for more than `limit` bytes. Never blocks on a FIFO or device."""
+    return _read_open(open_at(dirfd, name, READ_FLAGS), name, limit)
+
+
+def read_regular(path: str | os.PathLike, *, dir_fd: int | None = None,
+                 limit: int | None = None) -> bytes:
+    """`read_file` for a path whose last component only must not be a symlink
+    (O_NOFOLLOW): the same refusal of FIFOs, devices and oversized files."""
+    fd = os.open(path, READ_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    return _read_open(fd, os.fspath(path), limit)
 
 
 def empty(dirfd: int, keep: set[str] = frozenset()) -> None:

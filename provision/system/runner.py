@@ -55,9 +55,10 @@ SEARCH_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def which(program: str) -> str | None:
-    """Find a program on PATH plus the sbin folders (root tools live there)."""
+    """Find a program in the system folders first, then on PATH: root runs `wipefs` and
+    `mkfs` from /usr/sbin even under `sudo -E` with a user's ~/bin first on PATH."""
     path = os.environ.get("PATH", "")
-    return shutil.which(program, path=f"{path}:{SEARCH_PATH}" if path else SEARCH_PATH)
+    return shutil.which(program, path=f"{SEARCH_PATH}:{path}" if path else SEARCH_PATH)
 
 
 def require(program: str) -> str:
