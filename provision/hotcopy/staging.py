@@ -88,6 +88,15 @@ class Staging:
         if self.fd is None:
             os.mkdir(self.name, MODE, dir_fd=self.parent_fd)
             fd = beneath.open_at(self.parent_fd, self.name, beneath.DIR)
+            # Between mkdir and open, a user who can write to the parent can rename the
+            # new folder away and put their own in its place: it is adopted only if it
+            # is the folder just made (root's, empty), never chowned as found.
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or os.listdir(fd):
+                os.close(fd)
+                self._refuse(st, "it was replaced right after hotcache made it"
+                             if st.st_uid != os.geteuid() else
+                             "something was put in it right after hotcache made it")
             # the parent may be setgid (group-shared mounts are): take the folder back
             os.fchown(fd, os.geteuid(), os.getegid())
             os.fchmod(fd, MODE)

@@ -353,3 +353,33 @@ def test_warm_reads_nothing_through_a_folder_swapped_for_a_symlink(shared, user,
     monkeypatch.setattr(warm, "files_under", listed_then_swapped)
     report = warm.warm(dest, backend="none", jobs=1)
     assert report["passes"][0]["bytes"] < 900_000      # the dataset is ~24 KB; the lure 900 KB
+
+
+def test_staging_folder_swapped_right_after_mkdir_is_refused_not_adopted(shared, user,
+                                                                         monkeypatch):
+    """Between hotcache's mkdir of the staging folder and its open, a user of the shared
+    parent renames the new folder away and puts their own in its place (mode 0777, with a
+    subfolder they keep open): hotcache refuses, and never chowns, fills or publishes it."""
+    from hotcache.provision.system import beneath
+
+    mnt, src, _victim = shared
+    stage = mnt / ".copy.hotcache-staging"
+    real_open_at = beneath.open_at
+    swapped = []
+
+    def attacker_first(dirfd, rel, flags=os.O_RDONLY, mode=0o600):
+        if rel == stage.name and not swapped:
+            stage.rename(mnt / ".moved")
+            stage.mkdir()
+            os.chmod(stage, 0o777)
+            (stage / "cat").mkdir(mode=0o777)
+            for p in (stage, stage / "cat"):
+                as_user(user, p)
+            swapped.append(snapshot(stage))
+        return real_open_at(dirfd, rel, flags, mode)
+
+    monkeypatch.setattr(beneath, "open_at", attacker_first)
+    with pytest.raises(RefusedError, match="replaced right after hotcache made it"):
+        copier.copy(src, mnt / "copy", copier.CopyOptions(jobs=1))
+    assert swapped and snapshot(stage) == swapped[0]    # still theirs, untouched
+    assert not (mnt / "copy").exists()
