@@ -26,6 +26,7 @@ from prometheus_client.registry import CollectorRegistry
 from hotcache.provision import mapping
 from hotcache.provision.hotcopy import format as hotcopy_format
 from hotcache.provision.records import CacheEntry
+from hotcache.provision.system.atomic import write_atomic
 
 DEFAULT_TEXTFILE = "/var/lib/prometheus/node-exporter/hotcache.prom"
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
@@ -289,11 +290,11 @@ def registry_for(rows: list[dict], state: Path, now: float | None = None) -> Col
 
 
 def write_textfile(path: str | os.PathLike, rows: list[dict], state: Path) -> None:
-    """Write the metrics to `path` atomically (temp file in the same folder, then rename)."""
-    from prometheus_client import write_to_textfile
+    """Write the metrics to `path` atomically (an O_EXCL temp file in the same folder,
+    then rename), never through a name planted in that folder."""
+    from prometheus_client import generate_latest
 
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    write_to_textfile(str(path), registry_for(rows, state))
+    write_atomic(path, generate_latest(registry_for(rows, state)).decode())
 
 
 # --- the systemd timer -----------------------------------------------------------------

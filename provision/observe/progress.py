@@ -112,8 +112,10 @@ class TextfileMeter(NullMeter):
             yield family
 
     def _write(self, force: bool = False) -> None:
-        from prometheus_client import write_to_textfile
+        from prometheus_client import generate_latest
         from prometheus_client.registry import CollectorRegistry
+
+        from hotcache.provision.system.atomic import write_atomic
 
         now = self.clock()
         with self.lock:
@@ -122,8 +124,7 @@ class TextfileMeter(NullMeter):
             self.written_at = now
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
-        self.file.parent.mkdir(parents=True, exist_ok=True)
-        write_to_textfile(str(self.file), registry)
+        write_atomic(self.file, generate_latest(registry).decode())
         self.writes += 1
 
 

@@ -18,13 +18,16 @@ def write_atomic(path: str | os.PathLike, text: str, mode: int = 0o644) -> None:
     folder: a reader (or a crash) sees the old file or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    # mkstemp creates the temp file with O_EXCL (never a name someone planted) and its
+    # mode is set on the open file: the folder may be one others can write to (a
+    # node_exporter textfile folder), where a path can be swapped for a symlink.
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
+            os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
-        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -118,3 +118,28 @@ def test_the_metrics_timer_cannot_hang_for_ever():
     service = next(v for k, v in timer_units("/usr/bin/hotcache", "/tmp/m.prom", "1min", {})
                    .items() if k.endswith(".service"))
     assert "\nTimeoutStartSec=5min\n" in service
+
+
+def test_the_textfile_writers_follow_no_planted_name(tmp_path):
+    """node_exporter's textfile folder can be writable by others: a symlink planted at
+    the temp name prometheus_client would use (FILE.<pid>.<thread id>) must not lead the
+    metrics or progress writers to write a victim file."""
+    import threading
+
+    from hotcache.provision.observe import progress
+    from hotcache.provision.observe.metrics import write_textfile
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's own\n")
+    out = tmp_path / "textfile" / "hotcache.prom"
+    out.parent.mkdir()
+    guess = f"{out}.{os.getpid()}.{threading.current_thread().ident}"
+    os.symlink(victim, guess)
+    write_textfile(out, [], tmp_path / "mappings.yaml")
+    assert victim.read_bytes() == b"root's own\n" and "hotcache" in out.read_text()
+    assert os.path.islink(guess) and stat.S_IMODE(os.stat(out).st_mode) == 0o644
+
+    meter = progress.wrap(progress.NullMeter(), out.parent, "copy", tmp_path / "dest")
+    os.symlink(victim, f"{meter.file}.{os.getpid()}.{threading.current_thread().ident}")
+    meter._write(force=True)
+    assert victim.read_bytes() == b"root's own\n" and meter.file.read_text()
