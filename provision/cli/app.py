@@ -8,7 +8,7 @@ import sys
 import typer
 from typer.exceptions import TyperException
 
-from hotcache.provision.cli import cache, commands, copies, kube, observe
+from hotcache.provision.cli import cache, commands, copies, kube, observe, slurm
 from hotcache.provision.cli.common import emit
 from hotcache.provision.errors import ExitCode, HotcacheError, OsFailure, UsageError
 
@@ -38,7 +38,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """hotcache: SSD caches, hot copies and input-bound diagnostics for GPU hosts."""
 
 
-for _module in (commands, copies, cache, observe, kube):
+for _module in (commands, copies, cache, observe, kube, slurm):
     _module.register(app)
 
 

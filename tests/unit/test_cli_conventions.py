@@ -71,6 +71,8 @@ def test_every_reporting_json_has_kind_and_version_and_is_stable(tmp_path, host_
         "kube-labels": ["kube", "labels"], "prune": ["prune", dest.parent],
         "metrics-timer": ["metrics-timer", "--dry-run", "--textfile", tmp_path / "m.prom"],
         "List": ["kube", "manifests"],
+        "slurm-features": ["slurm", "features"],
+        "slurm-helpers-conf": ["slurm", "helpers-conf"],
     }
     for kind, argv in commands.items():
         first, second = (hotcache(*argv, "--json", env=host_env) for _ in range(2))

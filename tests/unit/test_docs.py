@@ -34,7 +34,7 @@ LANGUAGES = {"sh", "text", "yaml", "python", "json"}
 # Programs a shell block may run without a check of its own: the system's and the
 # cluster's tools, whose arguments are the user's.
 PLAIN = {"cd", "apt-get", "kubectl", "docker", "sha256sum", "journalctl", "ansible-lint",
-         "hostname", "tr", "lvrename"}
+         "hostname", "tr", "lvrename", "sbatch", "exec"}
 USER_FILES = {"train.py"}      # the user's own training script in the examples
 CLI = typer.main.get_command(app)
 

@@ -1,0 +1,135 @@
+"""CLI commands for Slurm: `hotcache slurm features`, `push`, `helpers-conf` and
+`task-prolog`. Registered on the app by cli/app.py; the work is in observe/slurm.py."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hotcache.provision.cli.common import FstabOpt, JsonOpt, StateOpt, emit
+
+slurm_app = typer.Typer(
+    help="Send Slurm jobs to the nodes that hold their hot data.\n\n"
+         "`hotcache slurm features` prints one node feature per verified hot copy "
+         "(hc_<dataset>_<version>), for the node_features/helpers plugin; `hotcache slurm "
+         "push` sets the same list with scontrol where that plugin is not configured; "
+         "`hotcache slurm task-prolog` is the TaskProlog that exports DATA_ROOT for a job "
+         "that names its dataset. See docs/slurm.md.",
+    no_args_is_help=True, rich_markup_mode=None)
+
+NodeOpt = typer.Option(None, "--node", help="Slurm node name [default: this host's short "
+                       "name, as slurmd uses it].")
+
+
+def _found(state: Optional[Path], fstab: Optional[Path]) -> list[dict]:
+    from hotcache.provision.engine.status import host_status
+    from hotcache.provision.mapping import load, state_path
+    from hotcache.provision.observe.slurm import features as slurm_features
+    from hotcache.provision.system.runner import Runner
+
+    path = state_path(state and str(state))
+    return slurm_features(host_status(path, fstab, Runner(), None), load(path)["caches"])
+
+
+def features(as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+             fstab: Optional[Path] = FstabOpt):
+    """One Slurm feature a line, one per verified hot copy on this node; nothing for a
+    copy that failed verification, is incomplete or is gone. The node_features/helpers
+    plugin runs this (through `hotcache slurm helpers-conf`'s Helper line)."""
+    found = _found(state, fstab)
+    if as_json:
+        return emit({"features": found}, "slurm-features")
+    for f in found:
+        sys.stdout.write(f["feature"] + "\n")
+
+
+def helpers_conf(helper: str = typer.Option(
+        "/usr/local/libexec/hotcache-slurm-features", "--helper", metavar="PROGRAM",
+        help="The program helpers.conf names (it runs `hotcache slurm features`)."),
+        extra: list[str] = typer.Option([], "--feature", metavar="FEATURE",
+                                        help="Also list this feature (one this node may "
+                                             "hold later); repeat for more."),
+        as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+        fstab: Optional[Path] = FstabOpt):
+    """helpers.conf lines, one `Feature=... Helper=...` per verified hot copy now on this
+    node plus each --feature. Slurm reads helpers.conf only when slurmd starts, so a
+    feature must be listed there before slurmd can report it."""
+    from hotcache.provision.errors import UsageError
+    from hotcache.provision.observe.slurm import valid
+
+    names = list(dict.fromkeys([f["feature"] for f in _found(state, fstab)] + list(extra)))
+    for name in names:
+        if not valid(name):
+            raise UsageError(f"--feature {name!r} is not a name Slurm's helpers.conf takes",
+                             hint="letters, digits, `_` and `.`, starting with a letter; "
+                                  "`hotcache slurm features` prints the names to use")
+    lines = [f"Feature={n} Helper={helper}" for n in names]
+    if as_json:
+        return emit({"lines": lines, "features": names}, "slurm-helpers-conf")
+    sys.stdout.write("".join(line + "\n" for line in lines))
+
+
+def push(node: Optional[str] = NodeOpt,
+         dry_run: bool = typer.Option(False, "--dry-run", help="Print the scontrol command "
+                                      "without running it."),
+         as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
+         fstab: Optional[Path] = FstabOpt):
+    """Set this node's hotcache features in slurmctld with `scontrol update NodeName=...
+    AvailableFeatures=... ActiveFeatures=...`: the node's other features are kept, its
+    hc_ features replaced by the verified hot copies now. For clusters without the
+    node_features/helpers plugin (with it, scontrol would ask for a node reboot); the
+    metrics timer can run it after each refresh."""
+    from hotcache.provision.observe.slurm import merged, parse_node
+    from hotcache.provision.system.runner import Runner
+
+    node = node or socket.gethostname().split(".")[0]
+    ours = [f["feature"] for f in _found(state, fstab)]
+    runner = Runner()
+    now = parse_node(runner.query(["scontrol", "show", "node", "-o", node]).stdout)
+    available = merged(now["available"], ours)
+    active = merged(now["active"], ours)
+    argv = ["scontrol", "update", f"NodeName={node}",
+            f"AvailableFeatures={','.join(available)}", f"ActiveFeatures={','.join(active)}"]
+    if not dry_run:
+        runner.run(argv)
+    if as_json:
+        return emit({"node": node, "features": ours, "available": available,
+                     "active": active, "argv": argv, "dry_run": dry_run}, "slurm-push")
+    sys.stdout.write(" ".join(argv) + "\n")
+
+
+def task_prolog(state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt):
+    """Slurm's TaskProlog: for a job that names its dataset (HOTCACHE_DATASET=name or
+    name@version in its environment, or a --constraint with a hotcache feature), print
+    `export DATA_ROOT=<the verified hot copy>` and `export DATA_ROOT_EXPECT=hot`
+    (DATA_COLD_ROOT and expect=partial for a partial copy). A job that names none gets
+    nothing; one whose dataset has no verified copy here gets DATA_ROOT_EXPECT=hot
+    without DATA_ROOT, so data_root() fails loudly instead of reading the slow origin."""
+    from hotcache.provision.observe.slurm import (choose, is_ours, parse_job_features,
+                                                  task_prolog_lines)
+    from hotcache.provision.system.runner import Runner
+
+    dataset = os.environ.get("HOTCACHE_DATASET") or None
+    wanted: list[str] = []
+    job = os.environ.get("SLURM_JOB_ID")
+    if not dataset and job:
+        out = Runner().query(["scontrol", "show", "job", "-o", job], check=False).stdout
+        wanted = [f for f in parse_job_features(out) if is_ours(f)]
+    if not dataset and not wanted:
+        return
+    copy = choose(_found(state, fstab), wanted, dataset)
+    lines = task_prolog_lines(copy, dataset or ",".join(wanted))
+    sys.stdout.write("".join(line + "\n" for line in lines))
+
+
+def register(app) -> None:
+    slurm_app.command("features")(features)
+    slurm_app.command("helpers-conf")(helpers_conf)
+    slurm_app.command("push")(push)
+    slurm_app.command("task-prolog")(task_prolog)
+    app.add_typer(slurm_app, name="slurm")
