@@ -10,6 +10,10 @@ What it finds, under the mapping's mountpoints and the folders given:
 - tf.data cache folders (`--tf-cache DIR`) whose key is not in a list of current keys, or
   that no pipeline used for `older_than_days`.
 
+Only folders owned by the account running prune are candidates: on a shared,
+group-writable tier anyone can name a folder `.x.hotcache-old` or plant a copy with a
+later `copied_at`, and neither may make root delete something that is not its own.
+
 A dry run by default. Nothing a process holds open (cwd, open file, mapping: the check
 `teardown` uses) is touched. Deletion never follows a symlink: each candidate is reached
 from `/` one component at a time with O_NOFOLLOW, checked to be the very folder that
@@ -138,9 +142,19 @@ def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[
         st = os.lstat(path)
         found.append(Candidate(kind, str(path), tree_bytes(path, seen), why, st.st_dev, st.st_ino))
 
+    me = os.geteuid()
     for root in roots:
         for folder in _children(root):
             name = folder.name
+            try:
+                mine = os.lstat(folder).st_uid == me
+            except OSError:
+                continue
+            if not mine:
+                # In a group-writable folder anyone can give their own (or another
+                # member's) folder a hotcache name, or plant a "newer version": only
+                # what this account owns is ever a candidate.
+                continue
             if name.endswith(STAGING_SUFFIX):
                 idle = (now - _newest_mtime(folder)) / 3600
                 if idle >= staging_hours and _unlocked(folder):
@@ -207,6 +221,12 @@ def remove(c: Candidate) -> None:
         # through descriptors (shutil.rmtree takes dir_fd only from Python 3.11)
         folder = beneath.open_at(parent, aside, os.O_RDONLY | os.O_DIRECTORY)
         try:
+            now_st = os.fstat(folder)
+            if (now_st.st_dev, now_st.st_ino) != (c.dev, c.ino):
+                # something else was put at the aside name after the rename
+                raise UsageError(f"{path.parent / aside} is not the folder that was listed; "
+                                 "nothing removed there",
+                                 hint="make sure nobody else writes there; run again")
             beneath.empty(folder)
         finally:
             os.close(folder)
