@@ -45,6 +45,8 @@ class Fleet:
         self.labels = root / "features.d" / "hotcache"
         self.manifests = root / "manifests"
         self.grafana = root / "grafana"
+        self.slurm = root / "slurm"
+        self.libexec = root / "libexec"
         self.cache = f"ans{os.getpid() % 100000}"
         self.inventory = root / "inventory.yml"
         host = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
@@ -65,6 +67,10 @@ class Fleet:
                 "hotcache_node_labels_file": str(self.labels),
                 "hotcache_kube_manifests_dir": str(self.manifests),
                 "hotcache_kube_node": "gpu-test-1",
+                "hotcache_slurm_node": True,
+                "hotcache_slurm_conf_dir": str(self.slurm),
+                "hotcache_slurm_libexec_dir": str(self.libexec),
+                "hotcache_slurm_features": ["hc_toy_3"],
                 "hotcache_grafana_provisioning_dir": str(self.grafana / "provisioning"),
                 "hotcache_grafana_dashboards_dir": str(self.grafana / "dashboards"),
                 "hotcache_caches": [{
@@ -143,7 +149,8 @@ def fleet(tmp_path_factory):
                          "textfile": f.textfile.read_text(),
                          "service": (f.units / "hotcache-metrics.service").read_text(),
                          "labels": f.labels.read_text(),
-                         "manifests": (f.manifests / "localhost.yaml").read_text()}
+                         "manifests": (f.manifests / "localhost.yaml").read_text(),
+                         "helpers": (f.slurm / "helpers.conf").read_text()}
         f.recaps["second"] = f.play("second", "site.yml")
         f.recaps["check-converged"] = f.play("check-converged", "site.yml", "--check")
         f.recaps["status"] = f.play("status", "status.yml")
@@ -226,6 +233,22 @@ def test_node_labels_written_and_refreshed_by_the_timer(fleet):
     assert labels == {f"{nodelabels.PREFIX}/cache-{fleet.cache}": "none",
                       f"{nodelabels.PREFIX}/cache-{fleet.cache}.mode": "none"}
     assert f"--node-labels {fleet.labels}" in fleet.after_first["service"]
+
+
+def test_slurm_helpers_conf_and_scripts_installed(fleet):
+    helper = fleet.libexec / "hotcache-slurm-features"
+    assert f"\nFeature=hc_toy_3 Helper={helper}\n" in fleet.after_first["helpers"]
+    assert fleet.after_first["helpers"].startswith("# BEGIN hotcache features")
+    # the scripts run hotcache with the role's mapping: no verified copy, no feature;
+    # a job naming a dataset not here is told to expect hot (data_root() then fails)
+    found = subprocess.run([helper], capture_output=True, text=True)
+    assert found.returncode == 0 and found.stdout == "", found.stderr
+    prolog = subprocess.run([fleet.libexec / "hotcache-slurm-task-prolog"],
+                            capture_output=True, text=True,
+                            env={**os.environ, "HOTCACHE_DATASET": "toy"})
+    assert prolog.returncode == 0, prolog.stderr
+    assert prolog.stdout.splitlines()[-1] == "export DATA_ROOT_EXPECT=hot"
+    assert str(fleet.state) in helper.read_text()
 
 
 def test_manifests_collected_on_the_controller(fleet):
