@@ -123,6 +123,10 @@ def status(
         help="Also write a node-feature-discovery feature file (atomically) labelling "
              "this node with its caches and verified hot copies, e.g. /etc/kubernetes/"
              "node-feature-discovery/features.d/hotcache. See `hotcache kube --help`."),
+    slurm_push: bool = typer.Option(
+        False, "--slurm-push", help="Also set this node's Slurm features to its verified "
+        "hot copies with scontrol (for clusters without the node_features/helpers plugin; "
+        "see `hotcache slurm push`)."),
     interval: float = typer.Option(
         0, "--interval", metavar="SECONDS", min=0,
         help="Read the cache statistics twice, SECONDS apart, and show promotions against "
@@ -141,6 +145,11 @@ def status(
 
         raise UsageError(f"--node-labels describes the whole host, not only cache {name!r}",
                          hint="run `hotcache status --node-labels FILE` without a cache name")
+    if name is not None and slurm_push:
+        from hotcache.provision.errors import UsageError
+
+        raise UsageError(f"--slurm-push describes the whole host, not only cache {name!r}",
+                         hint="run `hotcache status --slurm-push` without a cache name")
     if name is not None and name not in load(path)["caches"]:
         from hotcache.provision.errors import UsageError
 
@@ -158,6 +167,10 @@ def status(
         from hotcache.provision.observe.nodelabels import write as write_labels
 
         write_labels(node_labels, rows, path)
+    if slurm_push:
+        from hotcache.provision.observe.slurm import push as push_features
+
+        push_features(rows, load(path)["caches"])
     if as_json:
         emit({"state": str(path), "caches": rows, "ok": not drift}, "status")
     else:

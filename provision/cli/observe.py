@@ -64,6 +64,9 @@ def metrics_timer(
         None, "--node-labels", metavar="FILE",
         help="Also refresh this node-feature-discovery feature file, e.g. /etc/kubernetes/"
              "node-feature-discovery/features.d/hotcache (node labels for Kubernetes)."),
+    slurm_push: bool = typer.Option(
+        False, "--slurm-push", help="Each run also sets this node's Slurm features to its "
+        "verified hot copies (`hotcache status --slurm-push`)."),
     interval: str = typer.Option("1min", "--interval",
                                  help="How often to refresh (systemd time span)."),
     unit_dir: Optional[Path] = UnitDirOpt,
@@ -96,7 +99,8 @@ def metrics_timer(
         units = timer_units(hotcache_program(),   # root-only, or refused with the fix
                             str(Path(textfile or DEFAULT_TEXTFILE).absolute()),
                             interval, env,
-                            str(node_labels.absolute()) if node_labels else None)
+                            str(node_labels.absolute()) if node_labels else None,
+                            slurm_push=slurm_push)
     doc = install_timer(Path(unit_dir or DEFAULT_UNIT_DIR), units, Runner(), check=check)
     if as_json:
         return emit(doc, "metrics-timer")

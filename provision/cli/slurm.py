@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import Optional
@@ -84,23 +83,17 @@ def push(node: Optional[str] = NodeOpt,
     hc_ features replaced by the verified hot copies now. For clusters without the
     node_features/helpers plugin (with it, scontrol would ask for a node reboot); the
     metrics timer can run it after each refresh."""
-    from hotcache.provision.observe.slurm import merged, parse_node
+    from hotcache.provision.engine.status import host_status
+    from hotcache.provision.mapping import load, state_path
+    from hotcache.provision.observe.slurm import push as push_features
     from hotcache.provision.system.runner import Runner
 
-    node = node or socket.gethostname().split(".")[0]
-    ours = [f["feature"] for f in _found(state, fstab)]
-    runner = Runner()
-    now = parse_node(runner.query(["scontrol", "show", "node", "-o", node]).stdout)
-    available = merged(now["available"], ours)
-    active = merged(now["active"], ours)
-    argv = ["scontrol", "update", f"NodeName={node}",
-            f"AvailableFeatures={','.join(available)}", f"ActiveFeatures={','.join(active)}"]
-    if not dry_run:
-        runner.run(argv)
+    path = state_path(state and str(state))
+    doc = push_features(host_status(path, fstab, Runner(), None), load(path)["caches"],
+                        node, dry_run)
     if as_json:
-        return emit({"node": node, "features": ours, "available": available,
-                     "active": active, "argv": argv, "dry_run": dry_run}, "slurm-push")
-    sys.stdout.write(" ".join(argv) + "\n")
+        return emit(doc, "slurm-push")
+    sys.stdout.write(" ".join(doc["argv"]) + "\n")
 
 
 def task_prolog(state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt):

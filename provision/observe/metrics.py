@@ -300,7 +300,7 @@ def write_textfile(path: str | os.PathLike, rows: list[dict], state: Path) -> No
 # --- the systemd timer -----------------------------------------------------------------
 
 def timer_units(hotcache: str, textfile: str, interval: str, environment: dict[str, str],
-                node_labels: str | None = None) -> dict[str, str]:
+                node_labels: str | None = None, slurm_push: bool = False) -> dict[str, str]:
     """The service and timer that refresh the metrics file (and, with `node_labels`, the
     node-feature-discovery feature file), by file name."""
     from hotcache.provision.errors import UsageError
@@ -326,7 +326,8 @@ def timer_units(hotcache: str, textfile: str, interval: str, environment: dict[s
         "TimeoutStartSec=5min\n"
         f"{env}"
         f"ExecStart={hotcache} status --prometheus {textfile}"
-        f"{f' --node-labels {node_labels}' if node_labels else ''}\n"
+        f"{f' --node-labels {node_labels}' if node_labels else ''}"
+        f"{' --slurm-push' if slurm_push else ''}\n"
         "# status exits 5 when a cache has drifted: the file is still written, and the\n"
         "# alert rules report the drift.\n"
         "SuccessExitStatus=5\n"

@@ -143,3 +143,25 @@ _FEATURE = re.compile(r"[A-Za-z][A-Za-z0-9_.]{0,62}")
 def valid(feature: str) -> bool:
     """A feature name helpers.conf takes (see the module's docstring)."""
     return bool(_FEATURE.fullmatch(feature))
+
+
+def push(rows: list[dict], caches: dict, node: str | None = None, dry_run: bool = False,
+         runner=None) -> dict:
+    """Set `node`'s hc_ features in slurmctld to the verified hot copies now (`scontrol
+    update NodeName=... AvailableFeatures=... ActiveFeatures=...`), its other features
+    kept. Returns what was (or, with dry_run, would be) set."""
+    import socket
+
+    from hotcache.provision.system.runner import Runner
+
+    runner = runner or Runner()
+    node = node or socket.gethostname().split(".")[0]
+    ours = [f["feature"] for f in features(rows, caches)]
+    now = parse_node(runner.query(["scontrol", "show", "node", "-o", node]).stdout)
+    available, active = merged(now["available"], ours), merged(now["active"], ours)
+    argv = ["scontrol", "update", f"NodeName={node}",
+            f"AvailableFeatures={','.join(available)}", f"ActiveFeatures={','.join(active)}"]
+    if not dry_run:
+        runner.run(argv)
+    return {"node": node, "features": ours, "available": available, "active": active,
+            "argv": argv, "dry_run": dry_run}

@@ -64,7 +64,7 @@ def test_jobs_land_on_the_verified_hot_copy_and_not_after_it_fails(sandbox, clus
     victim.write_bytes(b"rotten" + victim.read_bytes()[6:])
     assert hotcache("verify", mp / "toy", "--full").returncode == 5
     assert hotcache("slurm", "features").stdout == ""
-    push = hotcache("slurm", "push", "--node", cluster.node, env=cluster.hotcache_env)
+    push = hotcache("status", "--slurm-push", env=cluster.hotcache_env)   # the timer's run
     assert push.returncode == 0, push.stderr
     assert FEATURE not in active(cluster)
     late = cluster.sbatch(f"--constraint={FEATURE}", "-o", "job2.out", "--wrap", "true")

@@ -52,3 +52,16 @@ def test_the_task_prolog_exports_the_copy_the_job_named():
     assert slurm.task_prolog_lines(None, None) == []
     with pytest.raises(UsageError):
         slurm.task_prolog_lines({**COPY, "path": "/mnt/a\nexport X=1"}, "toy")
+
+
+def test_the_metrics_timer_pushes_when_asked():
+    from hotcache.provision.observe.metrics import timer_units
+
+    def exec_start(**kw):
+        units = timer_units("/opt/hotcache/bin/hotcache", "/var/m.prom", "1min", {}, **kw)
+        (line,) = [x for x in units["hotcache-metrics.service"].splitlines()
+                   if x.startswith("ExecStart=")]
+        return line
+
+    assert exec_start().endswith("--prometheus /var/m.prom")
+    assert exec_start(slurm_push=True).endswith("--prometheus /var/m.prom --slurm-push")
