@@ -98,3 +98,15 @@ def test_empty_iterable():
     timer = timed([], log_every=0)
     assert list(timer) == []
     assert timer.summary().batches == 0 and timer.summary().verdict == "unknown"
+
+
+def test_percentiles_are_exact_nearest_rank():
+    """Nearest rank: the k-th smallest with k = ceil(q/100 * n), one-based; one rank off in
+    either direction gives a different value here."""
+    from hotcache.adapters.timing import _percentile
+    ordered = [float(i) for i in range(1, 21)]          # 1..20
+    assert _percentile(ordered, 50) == 10.0
+    assert _percentile(ordered, 95) == 19.0
+    assert _percentile(ordered, 99) == 20.0
+    assert _percentile([7.0], 50) == 7.0
+    assert _percentile([], 95) == 0.0

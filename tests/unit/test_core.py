@@ -105,6 +105,24 @@ def test_fstab_entry_replaced_in_place_and_other_lines_kept(tmp_path):
     assert tab.read_text() == "# static\nUUID=1 / ext4 defaults 0 1\n"
 
 
+def test_fstab_teardown_keeps_an_administrators_line_on_the_caches_mountpoint(tmp_path):
+    """Only the cache's own filesystem UUID on its mountpoint is its entry: an
+    administrator's line with another UUID on the same mountpoint, even right after an
+    orphaned marker, survives teardown byte for byte."""
+    theirs = "UUID=admin-own /mnt/hot ext4 defaults 0 2"
+    assert not fstab.is_entry(theirs, "u1", ["/mnt/hot"])
+    assert not fstab.is_entry("UUID= /mnt/hot xfs nofail 0 0", "u1", ["/mnt/hot"])
+    assert not fstab.is_entry("UUID=u1 /mnt/hot", None, ["/mnt/hot"])
+    assert not fstab.is_entry("UUID=u1 /mnt/other xfs nofail 0 0", "u1", ["/mnt/hot"])
+    assert fstab.is_entry("UUID=u1 /mnt/hot/ xfs nofail 0 0", "u1", ["/mnt/hot"])
+    tab = tmp_path / "fstab"
+    before = f"# static\n# hotcache:hot\n{theirs}\n"
+    tab.write_text(before)
+    assert fstab.read_entry(tab, "hot", "u1", ["/mnt/hot"]) is None
+    fstab.set_entry(tab, "hot", None, "u1", ["/mnt/hot"])
+    assert tab.read_text() == f"# static\n{theirs}\n"
+
+
 def test_fstab_escapes_spaces_in_mountpoints():
     assert "/mnt/my\\040data" in fstab.entry("u", "/mnt/my data", "xfs", ["noatime"])
 
