@@ -14,10 +14,9 @@ from hotcache.provision.errors import RefusedError
 
 if TYPE_CHECKING:
     from hotcache.provision.block.host import Host
-    from hotcache.provision.engine.apply import Device, Planner
+    from hotcache.provision.backends.contract import CacheSpec, Device, Planner
     from hotcache.provision.plan import Ref
     from hotcache.provision.records import CacheEntry
-    from hotcache.provision.engine.spec import CacheSpec
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ at the top of a module or inside a function, counts.
 
 Within one layer (engine, hotcopy and observe are one) a module may import another of
 the same layer; no cycle may form.
-Imports under `if TYPE_CHECKING:` (annotations only) are not counted.
+Imports under `if TYPE_CHECKING:` count too: an annotation that reaches up ties the
+lower layer to the upper one as surely as a runtime import.
 """
 
 from __future__ import annotations
@@ -38,24 +39,11 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def runtime_nodes(tree: ast.AST):
-    """Every node, except the bodies of `if TYPE_CHECKING:` (annotations only, never run)."""
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        yield node
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                todo += child.orelse
-            else:
-                todo.append(child)
-
-
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     """The hotcache modules `name` imports (a `from pkg import sub` names the submodule)."""
     is_pkg = path.name == "__init__.py"
     found = set()
-    for node in runtime_nodes(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):

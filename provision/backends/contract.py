@@ -1,0 +1,78 @@
+"""What a backend needs of the engine's objects, as protocols: backends sit below the
+engine and type against these shapes, never against the engine's own classes.
+
+The engine's Planner, Device and CacheSpec satisfy them structurally; mypy checks that
+where the engine hands them to a backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from hotcache.provision.block.blockdev import DeviceReport
+    from hotcache.provision.plan import Plan, Ref
+
+
+class Labelled(Protocol):
+    @property
+    def label(self) -> str: ...
+
+
+class Device(Protocol):
+    """A spec device resolved against the host (the engine's Device)."""
+
+    @property
+    def role(self) -> str: ...
+    @property
+    def ref(self) -> Labelled: ...
+    @property
+    def node(self) -> str | Ref: ...
+    @property
+    def present(self) -> bool: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def report(self) -> DeviceReport | None: ...
+    @property
+    def fs(self) -> dict: ...
+    @property
+    def proven(self) -> bool: ...
+
+
+class CacheSpec(Protocol):
+    """One cache of the spec (the engine's CacheSpec)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def tunables(self) -> dict[str, int | str]: ...
+    @property
+    def effective_mode(self) -> str: ...
+
+
+class Env(Protocol):
+    @property
+    def state(self) -> Path: ...
+
+
+class Planner(Protocol):
+    """Collects the steps of one cache (the engine's Planner)."""
+
+    @property
+    def env(self) -> Env: ...
+    @property
+    def cache(self) -> str: ...
+    @property
+    def plan(self) -> Plan: ...
+    @property
+    def refusals(self) -> list[str]: ...
+    @property
+    def restoring(self) -> bool: ...
+
+    def run(self, summary: str, argv: list, *, capture: str | None = None,
+            destructive: bool = False) -> None: ...
+
+    def do(self, summary: str, action) -> None: ...
+
+    def refuse(self, why: str) -> None: ...
