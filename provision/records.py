@@ -93,6 +93,11 @@ class HotCopy(Record):
     copied_at: str | None = None
     verified_at: str | None = None
     verify_ok: bool | None = None
+    # The published folder as hotcache made it: a folder found at that path later with
+    # another inode or owner is not this copy (someone replaced it).
+    dev: int | None = None
+    inode: int | None = None
+    uid: int | None = None
 
 
 class BackendState(Record):

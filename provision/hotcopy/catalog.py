@@ -37,7 +37,10 @@ def record(dest: Path, meta: dict, state: Path | None) -> str | None:
             return None
         name, entry = found
         copies = dict(entry.hot_copies or {})
-        copies[str(dest)] = HotCopy.model_validate({k: meta.get(k) for k in RECORDED})
+        st = os.lstat(dest)
+        copies[str(dest)] = HotCopy.model_validate({**{k: meta.get(k) for k in RECORDED},
+                                                    "dev": st.st_dev, "inode": st.st_ino,
+                                                    "uid": st.st_uid})
         entry.hot_copies = copies
         return name
 

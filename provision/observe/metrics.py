@@ -82,12 +82,27 @@ def hot_copies(entry: CacheEntry | None, mounted: bool) -> list[dict]:
     found: dict[str, dict] = {}
     for path, copy in ((entry and entry.hot_copies) or {}).items():
         if os.path.isabs(path):
-            found[os.path.normpath(path)] = {"name": None, **copy.dump()}
+            found[os.path.normpath(path)] = {"name": None, **copy.dump(), "recorded": True}
     mp = entry and entry.filesystem.mountpoint
     if mounted and mp:
         for path in _scan(Path(mp)):
-            found.setdefault(str(path), {})
+            found.setdefault(str(path), {"recorded": False})
     return [_copy_row(path, info) for path, info in sorted(found.items())]
+
+
+def _still_recorded(path: str, info: dict) -> bool:
+    """The copy the mapping records is the folder at `path` now: hotcache recorded it
+    (anyone in a shared folder can write a metadata file saying verify_ok) and, where
+    the record has its inode, it is still that folder with that owner."""
+    if not info.get("recorded"):
+        return False
+    if info.get("inode") is None:
+        return True             # recorded before hotcache kept the inode
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino, st.st_uid) == (info.get("dev"), info["inode"], info.get("uid"))
 
 
 def _scan(root: Path, depth: int = 2):
@@ -110,6 +125,7 @@ def _scan(root: Path, depth: int = 2):
 
 
 def _copy_row(path: str, info: dict) -> dict:
+    recorded = _still_recorded(path, info)
     state, meta = hotcopy_format.copy_state(Path(path))
     src = meta if meta is not None else info
     verified = _timestamp(src.get("verified_at"))
@@ -125,6 +141,10 @@ def _copy_row(path: str, info: dict) -> dict:
         # False for a copy missing or incomplete (nothing there can be trusted); None for
         # one published without a read-back and never verified since
         "verify_ok": state.verified,
+        # hotcache made it and it is still that folder: only such a copy is published to
+        # the cluster (node labels, manifests) as verified
+        "recorded": recorded,
+        "verified": bool(state.verified) and recorded,
     }
 
 
@@ -205,7 +225,8 @@ class StatusCollector:
         self._working_set(g, name, row, stats)
         scan = bool(row.get("mounted")) and not row.get("cache_failed")
         for copy in hot_copies(self.entries.get(name), scan):
-            self._copy(g, name, copy)
+            if copy["recorded"]:    # a folder hotcache did not make says nothing here
+                self._copy(g, name, copy)
 
     def _restore(self, g: "_Families", name: str, row: dict) -> None:
         from hotcache.provision.backends import BACKENDS

@@ -86,7 +86,7 @@ def verified_copies(rows: list[dict], caches: dict) -> list[dict]:
     out = []
     for row in filter(_up, rows):
         for copy in hot_copies(caches.get(row["name"]), True):
-            if copy["state"].verified:
+            if copy["verified"]:         # recorded by hotcache and still that folder
                 out.append({**copy, "cache": row["name"], "backend": row.get("backend")})
     return out
 

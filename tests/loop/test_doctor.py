@@ -22,6 +22,7 @@ import yaml
 
 from hotcache.provision import mapping
 from hotcache.provision.observe import doctor
+from hotcache.provision.hotcopy import catalog
 from hotcache.provision.hotcopy import format as hotcopy_format
 from tests.helpers import entry_record
 
@@ -108,6 +109,9 @@ def test_planted_problems_are_found_with_their_fixes(host):
     # 3. and 4. a hot copy that failed verification, one verified a month ago.
     make_copy(host.mnt / "imagenet", "imagenet", False, now)
     make_copy(host.mnt / "sets" / "coco", "coco", True, now - dt.timedelta(days=30))
+    for dest in (host.mnt / "imagenet", host.mnt / "sets" / "coco"):   # as `hotcache copy` does
+        catalog.record(dest, json.loads((dest / hotcopy_format.METADATA).read_text()),
+                       Path(host.env["HOTCACHE_STATE"]))
     # 5. the fast tier fills up (under 10 % free).
     st = os.statvfs(host.mnt)
     fill = st.f_bavail * st.f_frsize - st.f_blocks * st.f_frsize // 20
@@ -189,6 +193,9 @@ def test_planted_problems_are_found_with_their_fixes(host):
                               if str(host.mnt) not in l))
     (host.mnt / "filler").unlink()
     subprocess.run(["rm", "-r", "--", str(host.mnt / "imagenet")], check=True)
+    data = host.state()         # and its record, or doctor reports a recorded copy missing
+    data["caches"][host.name]["hot_copies"].pop(str(host.mnt / "imagenet"))
+    host.save_state(data)
     rc, doc = host.doctor()
     assert rc == 0 and problems(doc) == [], problems(doc)
     assert [f["check"] for f in doc["findings"] if f["severity"] == "warning"] == ["hot-copy"]

@@ -273,3 +273,37 @@ def test_every_object_carries_the_recommended_labels(host):
     assert len({d["metadata"]["labels"]["app.kubernetes.io/instance"] for d in docs[1:]}) == 1
     assert job["metadata"]["labels"].items() <= \
         job["spec"]["template"]["metadata"]["labels"].items()
+
+
+def published(rows, state, mp) -> tuple[dict, str, str]:
+    """What this node tells the cluster and Prometheus: its labels, manifests, metrics."""
+    caches = mapping.load(state)["caches"]
+    manifests = kube.to_yaml(kube.manifests(rows, caches, node="gpu-7", uid=1234, gid=1234))
+    from prometheus_client import generate_latest
+    prom = generate_latest(metrics.registry_for(rows, state)).decode()
+    return feature_labels(rows, state), manifests, prom
+
+
+def test_a_forged_copy_a_user_made_is_never_published(host):
+    """In a group-writable tier, anyone can make a folder with a metadata file that says
+    verify_ok: it is no copy hotcache made, so it is not labelled, put in a manifest or
+    counted in the metrics; the real copy still is."""
+    mp, state, rows = host
+    make_copy(mp / "bob" / "bert", name="bert")               # a user's forgery
+    labels, manifests, prom = published(rows, state, mp)
+    assert not any("bert" in k for k in labels) and "bert" not in manifests
+    assert "bert" not in prom
+    assert f"{nodelabels.PREFIX}/ds-imagenet_v1" in labels
+
+
+def test_a_recorded_copy_replaced_by_another_folder_is_no_longer_verified(host):
+    """A user who can write the tier moves the copy hotcache made aside and puts a
+    folder of their own bytes, with the same name and a metadata file saying verified,
+    in its place: it is not that copy (another inode), so it is published nowhere."""
+    mp, state, rows = host
+    (mp / "imagenet").rename(mp / ".old")
+    make_copy(mp / "imagenet", name="imagenet")
+    labels, manifests, prom = published(rows, state, mp)
+    assert f"{nodelabels.PREFIX}/ds-imagenet_v1" not in labels
+    assert str(mp / "imagenet") not in manifests
+    assert f'copy="imagenet"' not in prom

@@ -43,10 +43,35 @@ def make_copy(dest: Path, *, name="imagenet", verify_ok=True, verified_at="2027-
     (dest / hotcopy_format.METADATA).write_text(json.dumps(meta))
 
 
-def write_state(path: Path, caches: dict) -> Path:
-    """A mapping of `caches`, each given only the fields a test needs."""
+def write_state(path: Path, caches: dict, *, record_copies: bool = True) -> Path:
+    """A mapping of `caches`, each given only the fields a test needs; the hot copies
+    already under their mountpoints are recorded as `hotcache copy` records the copies it
+    makes (a copy hotcache did not record is never published as verified)."""
     mapping.save(path, {"caches": {n: recorded_entry(n, **e) for n, e in caches.items()}})
+    if record_copies:
+        for entry in caches.values():
+            mp = entry.get("filesystem", {}).get("mountpoint")
+            for dest in copies_under(Path(mp)) if mp else []:
+                record_copy(dest, path)
     return path
+
+
+def copies_under(mp: Path) -> list[Path]:
+    """Copies one or two folders below `mp`, not inside another copy."""
+    out = []
+    for child in sorted(p for p in mp.iterdir() if p.is_dir()) if mp.is_dir() else []:
+        if (child / hotcopy_format.METADATA).exists():
+            out.append(child)
+        else:
+            out += [g for g in sorted(child.iterdir()) if (g / hotcopy_format.METADATA).exists()]
+    return out
+
+
+def record_copy(dest: Path, state: Path) -> None:
+    """What `hotcache copy` does once it has published `dest`."""
+    from hotcache.provision.hotcopy import catalog
+
+    catalog.record(dest, json.loads((dest / hotcopy_format.METADATA).read_text()), state)
 
 
 def samples(text: str) -> dict:
