@@ -163,7 +163,7 @@ class DmCache(Backend):
             for part, start, length in (("meta", head, meta), ("data", head + meta, data)):
                 if live_table(names[part], runner) is None:
                     table = _text(p, f"dm-{part}:{spec.name}",
-                                  lambda n, s=start, l=length: f"0 {l} linear {n} {s}",
+                                  lambda n, s=start, size=length: f"0 {size} linear {n} {s}",
                                   cache.node)
                     p.run(f"map {length // MIB} MiB of the SSD as cache {part}data"
                           if part == "meta" else f"map {length // MIB} MiB of the SSD as "

@@ -82,9 +82,15 @@ def parse_status(line: str) -> dict:
     read_hits, read_misses, write_hits, write_misses, demotions, promotions, dirty = \
         (int(x) for x in f[4:11])
     i = 11
-    nfeat = int(f[i]); feats = f[i + 1:i + 1 + nfeat]; i += 1 + nfeat
-    ncore = int(f[i]); core = f[i + 1:i + 1 + ncore]; i += 1 + ncore
-    policy = f[i]; npol = int(f[i + 1]); i += 2 + npol
+    nfeat = int(f[i])
+    feats = f[i + 1:i + 1 + nfeat]
+    i += 1 + nfeat
+    ncore = int(f[i])
+    core = f[i + 1:i + 1 + ncore]
+    i += 1 + ncore
+    policy = f[i]
+    npol = int(f[i + 1])
+    i += 2 + npol
     meta_mode = f[i] if i < len(f) else "?"
     needs_check = f[i + 1] if i + 1 < len(f) else "-"
     return {

@@ -104,7 +104,7 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
                   destructive=True)
         elif image and os.path.exists(image):
             kept.append((role, image))
-    for role, image in kept:
+    for _role, image in kept:
         plan.notes.append(_kept_note(name, entry, image, wiped=wipe))
     _forget(p, name, env, entry, kept)
     return plan
