@@ -7,6 +7,7 @@ so unit tests plan each backend against a fake host.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -66,16 +67,16 @@ class Backend:
         return None
 
     def build(self, p: "Planner", spec: "CacheSpec", entry: "CacheEntry | None",
-              devs: dict[str, "Device"]) -> "str | Ref":
+              devs: Mapping[str, "Device"]) -> "str | Ref":
         """Queue the steps that make the cached block device; return its node."""
         raise NotImplementedError
 
-    def adopted_fs_uuid(self, devs: dict[str, "Device"]) -> str | None:
+    def adopted_fs_uuid(self, devs: Mapping[str, "Device"]) -> str | None:
         """The UUID of a filesystem already on the origin that this backend caches in
         place instead of formatting (lvmcache on an existing LV); None: format."""
         return None
 
-    def keeps_filesystem(self, entry: "CacheEntry | None", devs: dict[str, "Device"]) -> bool:
+    def keeps_filesystem(self, entry: "CacheEntry | None", devs: Mapping[str, "Device"]) -> bool:
         """True when the cached device, even if it does not exist yet (being brought
         back after a boot), will show the filesystem hotcache already made on it."""
         return False
