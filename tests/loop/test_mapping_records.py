@@ -70,7 +70,10 @@ def test_the_mapping_a_real_apply_wrote_saves_back_unchanged(sandbox):
     assert list(entry["filesystem"]) == ["type", "uuid", "label", "mountpoint", "options",
                                          "owner", "mode"]
     (copy,) = entry["hot_copies"].values()
-    assert list(copy) == list(RECORDED) and copy["verified_at"] is None
+    assert list(copy) == [*RECORDED, "dev", "inode", "uid"] and copy["verified_at"] is None
+    published = os.lstat(sandbox / "mnt" / "hot" / "pets")
+    assert (copy["dev"], copy["inode"], copy["uid"]) == (published.st_dev, published.st_ino,
+                                                         published.st_uid)
     with mapping.editing(state):
         pass
     after = state.read_text()
