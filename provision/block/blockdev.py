@@ -88,7 +88,7 @@ def _devices_under(host: Host, path: str, roots: set[str], depth: int,
     mnt = _mount_containing(host, path)
     if mnt is None:
         raise _Unknown(f"no mount holds {path}")
-    if mnt == above or depth > 8:
+    if above is not None and (mnt == above or depth > 8):   # depth > 0 only with above
         raise _Unknown(f"the folders under the {above.fstype} on {above.mountpoint} are on "
                        "no filesystem visible here (a container?)")
     link = host.path(f"/sys/dev/block/{mnt.source_dev}")

@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+from typing import overload
 
 from hotcache.provision.errors import ProbeFailed
 from hotcache.provision.system.runner import Result, Runner
 
 
+@overload
+def run(runner: Runner, argv: list[str], *, absent_rc: tuple[()] = (),
+        absent_stderr: tuple[str, ...] = ()) -> Result: ...
+@overload
+def run(runner: Runner, argv: list[str], *, absent_rc: tuple[int, ...],
+        absent_stderr: tuple[str, ...] = ()) -> Result | None: ...
 def run(runner: Runner, argv: list[str], *, absent_rc: tuple[int, ...] = (),
         absent_stderr: tuple[str, ...] = ()) -> Result | None:
     """The result of a probe that succeeded; None when it answered "nothing there" in
@@ -42,7 +49,7 @@ def json_doc(res: Result) -> dict:
     return doc
 
 
-def readable(node: str) -> bool:
+def readable(node: str | os.PathLike[str]) -> bool:
     """True when `node` can be opened for reading (blkid exits 2 both for "no signature"
     and for "cannot open": only the first may read as blank)."""
     try:

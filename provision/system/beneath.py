@@ -23,6 +23,7 @@ import ctypes
 import errno
 import os
 import stat
+from collections.abc import Set as AbstractSet
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _SYS_OPENAT2 = 437                      # x86_64, aarch64 and every arch since 5.6
@@ -211,7 +212,7 @@ def read_regular(path: str | os.PathLike, *, dir_fd: int | None = None,
     return _read_open(fd, os.fspath(path), limit)
 
 
-def empty(dirfd: int, keep: set[str] = frozenset()) -> None:
+def empty(dirfd: int, keep: AbstractSet[str] = frozenset()) -> None:
     """Remove everything inside the folder `dirfd` except the top-level names in `keep`;
     symlinks are removed as links, never followed."""
     for rel, dirs, files, fd in walk(dirfd, topdown=False):

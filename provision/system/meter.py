@@ -11,6 +11,10 @@ import os
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 
 class NullMeter:
@@ -42,7 +46,7 @@ class RichMeter(NullMeter):
                                   DownloadColumn(binary_units=True), TransferSpeedColumn(),
                                   TimeRemainingColumn(), console=Console(stderr=True),
                                   transient=False)
-        self._task = None
+        self._task: TaskID | None = None
         self._progress.start()
 
     def start(self, label: str, total_bytes: int, total_files: int | None = None) -> None:
