@@ -121,6 +121,9 @@ class Bcache(Backend):
         if not live or not h.exists(str(target)):
             def linked(ctx):
                 u = ctx.refs.get(key) or bdev_uuid
+                if not u:   # the record step above sets it whenever bdev_uuid is unknown
+                    raise HotcacheError(f"the backing device of {spec.name} has no bcache "
+                                        "UUID to find its /dev/bcache/by-uuid link by")
                 node = wait_for_link(h, u)
                 if isinstance(target, Ref):
                     ctx.refs[target.key] = node
@@ -191,7 +194,7 @@ class Bcache(Backend):
         bypassed = sum(int(attr(f"stats_total/cache_bypass_{k}")) for k in ("hits", "misses"))
         total = _cache_bytes(entry)
         unused = sb.unused_percent(h, cset) if cset else None
-        policy = h.read(f"{sb.set_dir(cset)}/cache0/cache_replacement_policy")
+        policy = h.read(f"{sb.set_dir(cset)}/cache0/cache_replacement_policy") if cset else None
         return {
             "mode": sb.selected(attr("cache_mode")),
             "policy": sb.selected(policy) if policy is not None else None,

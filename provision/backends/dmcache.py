@@ -239,9 +239,9 @@ class DmCache(Backend):
             p.run("activate the cleaner table", ["dmsetup", "resume", names["cache"]])
             p.do("check that the loaded table can write back (cleaner active, "
                  f"migration_threshold at least {MIN_MIGRATION})",
-                 lambda ctx: ctx.runner.dry_run or ensure_writeback(names["cache"], ctx.runner))
+                 lambda ctx: None if ctx.runner.dry_run else ensure_writeback(names["cache"], ctx.runner))
             p.do("wait until the cache holds 0 dirty blocks",
-                 lambda ctx: ctx.runner.dry_run or wait_clean(names["cache"], ctx.runner))
+                 lambda ctx: None if ctx.runner.dry_run else wait_clean(names["cache"], ctx.runner))
             p.run("remove the cache device", ["dmsetup", "remove", "--retry", names["cache"]])
         for part in ("data", "meta"):
             if live_table(names[part], runner) is not None:

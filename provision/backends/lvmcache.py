@@ -332,11 +332,10 @@ class LvmCache(Backend):
                   lvm(h, "lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
             p.do(f"check that the loaded table can write back (migration_threshold at "
                  f"least {MIN_MIGRATION})",
-                 lambda ctx: ctx.runner.dry_run or ensure_writeback(self._dm_name(node),
-                                                                    ctx.runner,
-                                                                    need_cleaner=False))
+                 lambda ctx: None if ctx.runner.dry_run else ensure_writeback(
+                     self._dm_name(node), ctx.runner, need_cleaner=False))
             p.do("wait until the cache holds 0 dirty blocks",
-                 lambda ctx: ctx.runner.dry_run or wait_clean(self._dm_name(node), ctx.runner))
+                 lambda ctx: None if ctx.runner.dry_run else wait_clean(self._dm_name(node), ctx.runner))
             p.run(f"detach and remove the cache volume (lvm flushes it first); "
                   f"{vg}/{lv} keeps the data",
                   lvm(h, "lvconvert", "--yes", "--uncache", f"{vg}/{lv}"))

@@ -37,7 +37,7 @@ def expected_signature(entry: CacheEntry, role: str, host: Host) -> tuple | None
 
 
 def _image(info: DeviceRecord) -> str | None:
-    return info.loop_file or (info.identity and info.identity.backing_file)
+    return info.loop_file or (info.identity.backing_file if info.identity else None)
 
 
 def describe_recorded(info: DeviceRecord) -> str:
@@ -82,7 +82,9 @@ def locate(entry: CacheEntry, role: str, host: Host, *, cache: str = "") -> Foun
     names = [] if info.loop_file else [
         *identity.stable_links(info.by_id or []), info.path, info.node]
     for label in names:
-        name = identity.kname(label, host) if label else None
+        if not label:
+            continue
+        name = identity.kname(label, host)
         if name and name not in tried:
             tried[name] = label
     wrong: list[tuple[str, Seen, identity.Verdict]] = []
@@ -115,7 +117,7 @@ def locate(entry: CacheEntry, role: str, host: Host, *, cache: str = "") -> Foun
         label, seen, verdict = wrong[0]
         said = (f"{what}: {label} now names {seen.describe()}, which is not the device "
                 f"recorded ({'; '.join(verdict.conflicts)})")
-        if found.node is not None:
+        if found.seen is not None:       # set with found.node
             found.moved = f"{said}; using {found.seen.describe()}, the recorded device " \
                           "under its new name"
         else:

@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Callable, TypeVar
 
 from hotcache.provision import mapping
+from hotcache.provision.plan import RunContext
 from hotcache.provision.records import STATES, BackendState, CacheEntry
 
 
-def remember(p, summary: str, compute: Callable[[object], dict]) -> None:
+def remember(p, summary: str, compute: Callable[[RunContext], dict]) -> None:
     """Queue a step that merges compute(ctx) into the cache's backend_state."""
 
     def action(ctx) -> None:
