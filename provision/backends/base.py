@@ -105,9 +105,8 @@ class Backend:
         the filesystem."""
         raise RefusedError(f"taking apart a {self.name} cache whose SSD failed is not "
                            "something hotcache does yet; nothing was changed",
-                           hint=self.failed_runbook)
-
-    failed_runbook: ClassVar[str] = ""
+                           hint="`hotcache teardown NAME --forget` forgets the cache; "
+                                "its devices are then yours to take apart")
 
     def dismantle(self, p: "Planner", entry: "CacheEntry", nodes: dict) -> None:
         """Queue the steps that take the cache apart once its filesystem is unmounted

@@ -6,12 +6,13 @@ where the engine hands them to a backend."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from hotcache.provision.block.blockdev import DeviceReport
-    from hotcache.provision.plan import Plan, Ref
+    from hotcache.provision.plan import Plan, Ref, RunContext
 
 
 class Labelled(Protocol):
@@ -71,7 +72,8 @@ class Planner(Protocol):
     def restoring(self) -> bool: ...
 
     def run(self, summary: str, argv: list, *, capture: str | None = None,
-            destructive: bool = False) -> None: ...
+            destructive: bool = False, devices: tuple[str, ...] = (),
+            check: Callable[[RunContext], None] | None = None) -> None: ...
 
     def do(self, summary: str, action) -> None: ...
 

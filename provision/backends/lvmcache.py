@@ -16,7 +16,7 @@ from hotcache.provision.backends.dmflush import MIN_MIGRATION, ensure_writeback,
 from hotcache.provision.backends.dmtable import cache_stats, parse_status, status_failure
 from hotcache.provision.block import probe
 from hotcache.provision.block.host import Host
-from hotcache.provision.errors import ProbeFailed, RefusedError
+from hotcache.provision.errors import HotcacheError, ProbeFailed, RefusedError
 from hotcache.provision.records import CacheEntry, LvmCacheState
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend, Failure
@@ -103,6 +103,24 @@ def uuids(host: Host, vg: str, lv: str, pvs: dict[str, str]) -> dict:
     return out
 
 
+def missing_pvs(host: Host, vg: str) -> int:
+    """How many PVs of `vg` LVM cannot find (a dead or unreadable disk)."""
+    rows = report(host, "vgs", "vg_name,vg_missing_pv_count", vg)
+    return int(rows[0].get("vg_missing_pv_count") or 0) if rows else 0
+
+
+def _dirty_bytes(host: Host, argv: list[str] | None) -> int | None:
+    """Dirty bytes the active cache's kernel status reports; None: it reports none."""
+    if argv is None:
+        return None
+    try:
+        res = host.runner.run(argv, check=False, timeout=10)
+        st = parse_status(res.stdout) if res.returncode == 0 else None
+        return st["dirty_blocks"] * st["block_sectors"] * 512 if st else None
+    except (HotcacheError, IndexError, ValueError, KeyError, TypeError):
+        return None
+
+
 def pv_vg(host: Host, node: str) -> str | None:
     rows = report(host, "pvs", "pv_name,vg_name", node)
     return rows[0].get("vg_name") if rows else None
@@ -140,8 +158,8 @@ class LvmCache(Backend):
     kernel_feature = "device-mapper"
     modules = ("dm-cache", "dm-cache-smq")
     promotes_gradually = True   # smq
-    programs = ("pvcreate", "vgcreate", "vgextend", "lvcreate", "lvconvert", "lvchange",
-                "lvs", "dmsetup", "mkfs.xfs", "wipefs")
+    programs = ("pvcreate", "vgcreate", "vgextend", "vgreduce", "lvcreate", "lvconvert",
+                "lvchange", "lvs", "dmsetup", "mkfs.xfs", "wipefs")
 
     def owns(self, entry, dev):
         st = state.of(entry, LvmCacheState)
@@ -294,10 +312,6 @@ class LvmCache(Backend):
         res = self.host.runner.run(["dmsetup", "status", "-j", major, "-m", minor])
         return cache_stats(parse_status(res.stdout))
 
-    failed_runbook = ("with its cache PV failed or missing, `lvconvert --uncache --force "
-                      "VG/LV` drops the cache from the LV (`vgreduce --removemissing VG` "
-                      "first if the PV is gone), then `hotcache teardown NAME --forget`")
-
     def failure(self, entry, nodes):
         vg, lv, _ = names(self.host, entry, entry.spec["name"])
         try:
@@ -305,17 +319,77 @@ class LvmCache(Backend):
         except ProbeFailed:
             rows = []           # live() and status report what lvs cannot see
         health = (rows[0].get("lv_health_status") or "") if rows else ""
+        kernel = self._kernel_status(vg, lv)
         if health in ("partial", "failed", "refresh needed"):
-            dirty = 0 if entry.mode in ("writethrough", "passthrough") else None
+            dirty = 0 if entry.mode in ("writethrough", "passthrough") else \
+                _dirty_bytes(self.host, kernel)
             return Failure(f"LVM reports {vg}/{lv} {health}"
                            + (" (a PV of its volume group is missing)" if health == "partial"
                               else ""), dirty)
+        return status_failure(self.host.runner, kernel, entry) if kernel else None
+
+    def _kernel_status(self, vg: str, lv: str) -> list[str] | None:
+        """`dmsetup status` of the active cached LV, by device number (None: not active)."""
         try:
             major, minor = self.host.devnum(f"/dev/{vg}/{lv}").split(":")
         except (OSError, ValueError, AttributeError):
             return None
-        return status_failure(self.host.runner, ["dmsetup", "status", "-j", major, "-m", minor],
-                              entry)
+        return ["dmsetup", "status", "-j", major, "-m", minor]
+
+    def drop_failed_cache(self, p, entry, nodes):
+        """Take the failed cache out of the LV, leaving the LV on the origin alone.
+
+        lvm2 detaches the cache volume of an inactive LV without activating it, so
+        without a flush through the failed SSD and without reloading a table on it
+        (`lvconvert --uncache --force`; a writeback cache is treated as writethrough
+        then, which is where its dirty blocks are lost). The LV is deactivated for that,
+        the SSD's PV, gone or unreadable, is taken out of the VG, and the LV, now the
+        origin alone, is activated again. The VG and LV UUIDs (and the origin PV's
+        identity) are proven again before each step."""
+        h = self.host
+        vg, lv, adopted = names(h, entry, p.cache)
+        info = lv_info(h, vg, lv)
+        if info is None:
+            raise RefusedError(f"LVM does not see the logical volume {vg}/{lv}, so its "
+                               "failed cache cannot be taken off it; nothing was changed",
+                               hint=f"`lvs -a -o +devices {vg}` shows what LVM sees; "
+                                    "put the origin disk back and run teardown again")
+        same_lvm(entry, info, vg, lv)
+        origin = () if adopted else tuple(n for n in (nodes.get("origin"),)
+                                          if isinstance(n, str))
+        check = self._still_recorded(p.cache, entry, vg, lv)
+        target = f"{vg}/{lv}"
+        if info.get("segtype") == "cache":
+            if info["lv_attr"][4:5] == "a":
+                p.run(f"deactivate {target}: lvm2 takes a cache off an inactive LV without "
+                      "flushing it or loading a table on the failed SSD",
+                      lvm(h, "lvchange", "--yes", "--activate", "n", target), check=check)
+            p.run(f"drop the failed cache from {target} without a flush and remove its "
+                  f"cache volume; {target} keeps the origin's data",
+                  lvm(h, "lvconvert", "--yes", "--force", "--uncache", target),
+                  destructive=True, devices=origin, check=check)
+        if missing_pvs(h, vg):
+            p.run(f"remove the missing PV (the failed SSD) from {vg}; no LV is on it any "
+                  "more (lvm2 refuses if one is)",
+                  lvm(h, "vgreduce", "--yes", "--removemissing", vg),
+                  destructive=True, devices=origin, check=check)
+        p.run(f"activate {target}, now on the origin alone",
+              lvm(h, "lvchange", "--yes", "--activate", "y", target), check=check)
+        ssd = entry.devices.get("cache")
+        p.plan.notes.append(
+            f"the failed SSD ({ssd.by_id[0] if ssd and ssd.by_id else 'the cache device'}) "
+            "keeps a stale LVM label: before it is used again, `wipefs --all` it")
+        return f"/dev/{vg}/{lv}"
+
+    def _still_recorded(self, cache: str, entry, vg: str, lv: str):
+        """A step check: the VG and LV are still there with the recorded UUIDs."""
+        def check(ctx) -> None:
+            info = lv_info(self.host, vg, lv)
+            if info is None:
+                raise RefusedError(f"{cache}: stopped: LVM no longer sees {vg}/{lv}",
+                                   hint="nothing was run; `lvs -a` shows what LVM sees")
+            same_lvm(entry, info, vg, lv)
+        return check
 
     def dismantle(self, p, entry, nodes):
         h = self.host

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shlex
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,7 +87,11 @@ class Planner:
         self.known_images: set[str] = set()   # image files the mapping says hotcache made
 
     def run(self, summary: str, argv: list, *, capture: str | None = None,
-            destructive: bool = False) -> None:
+            destructive: bool = False, devices: tuple[str, ...] = (),
+            check: Callable[[RunContext], None] | None = None) -> None:
+        """Queue a program. A destructive step proves again, right before it runs, each
+        device it names in `argv` or `devices` (those it acts on without naming them, as
+        lvm2 commands name a VG); `check` is the backend's own re-check (LVM UUIDs)."""
         building = destructive or str(argv[0]) in BUILDS
         if self.restoring and building:
             # Restore re-assembles what is there; whatever it would have to create or
@@ -96,13 +101,14 @@ class Planner:
                         "erases. Something the mapping records is missing: `hotcache status "
                         f"{self.cache}` names it")
             return
-        check = None
+        guard = None
         if destructive:
             touched = self.plan.touched
-            check = recheck.guard(self.env.host, self.cache, summary, argv, touched)
+            guard = recheck.guard(self.env.host, self.cache, summary, [*argv, *devices],
+                                  touched)
             touched.update(a for a in argv if isinstance(a, str) and a.startswith("/dev/"))
         self.plan.steps.append(Step(self.cache, summary, argv, capture=capture,
-                                    destructive=destructive, check=check))
+                                    destructive=destructive, check=_both(guard, check)))
 
     def do(self, summary: str, action) -> None:
         self.plan.steps.append(Step(self.cache, summary, action=action))
@@ -113,6 +119,18 @@ class Planner:
     @property
     def changed(self) -> bool:
         return len(self.plan.steps) > self.start
+
+
+def _both(*checks: Callable[[RunContext], None] | None) -> Callable[[RunContext], None] | None:
+    """One step check that runs each given check in turn (None when there is none)."""
+    given = [c for c in checks if c is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
+
+    def each(ctx: RunContext) -> None:
+        for check in given:
+            check(ctx)
+    return each
 
 
 def mount_options(spec: CacheSpec) -> list[str]:

@@ -61,11 +61,13 @@ class FakeRunner(Runner):
                 return Result(argv, 1, "", f"Device {argv[2]} does not exist.")
             return Result(argv, 0, table + "\n", "")
         if argv[:2] == ["dmsetup", "status"]:
-            status = h.statuses.get(argv[2])
+            # by name, or by device number (`-j MAJOR -m MINOR`, keyed "MAJOR:MINOR")
+            key = f"{argv[3]}:{argv[5]}" if argv[2] == "-j" else argv[2]
+            status = h.statuses.get(key)
             return Result(argv, 0 if status else 1, status or "", "" if status else "gone")
         if prog == "cache_metadata_size":
             return Result(argv, 0, "8192 sectors\n", "")
-        if prog in ("lvs", "pvs"):
+        if prog in ("lvs", "pvs", "vgs"):
             return h.lvm_report(argv)
         raise AssertionError(f"the fake host has no answer for {argv}")
 
@@ -93,6 +95,7 @@ class FakeHost(Host):
         self.lvs: dict[str, dict] = {}      # "vg/lv" -> lvs row
         self.pvs: dict[str, str] = {}       # node -> vg
         self.pv_uuids: dict[str, str] = {}  # node -> PV UUID (pvs -o pv_uuid)
+        self.vgs: dict[str, dict] = {}      # vg -> vgs row
         self.missing: set[str] = set()      # programs not installed
         self.udev: dict[str, dict] = {}     # kernel name -> udev's properties
         self._minor = 0
@@ -162,12 +165,16 @@ class FakeHost(Host):
         target = argv[-1]
         if what == "lvs" and target in self.lvs:
             rows = [self.lvs[target]]
+        elif what == "vgs" and target in self.vgs:
+            rows = [self.vgs[target]]
         elif what == "pvs" and target in self.pvs:
             rows = [{"pv_name": target, "vg_name": self.pvs[target],
                      **({"pv_uuid": self.pv_uuids[target]} if target in self.pv_uuids else {})}]
         else:
-            return Result(argv, 5, "", f"  Failed to find logical volume \"{target}\"\n"
-                          if what == "lvs" else f"  Failed to find physical volume \"{target}\".\n")
+            return Result(argv, 5, "", {
+                "lvs": f"  Failed to find logical volume \"{target}\"\n",
+                "vgs": f"  Volume group \"{target}\" not found\n"}.get(
+                    what, f"  Failed to find physical volume \"{target}\".\n"))
         return Result(argv, 0, json.dumps({"report": [{what[:-1]: rows}]}), "")
 
 

@@ -125,3 +125,124 @@ def test_unknown_dirty_data_needs_accept_loss_all(host, env):
             plan_teardown("c1", env, cache_failed=True, accept_loss=given)
     assert plan_teardown("c1", env, cache_failed=True, accept_loss="all").steps
     assert "c1" in yaml.safe_load(env.state.read_text())["caches"]     # plans change nothing
+
+
+# --- lvmcache: the cache PV missing or failed --------------------------------------------
+
+LVM = ["--config", "devices { use_devicesfile=0 }"]    # the fake host has no devices file
+LV_STATE = {"vg": "hc_c1", "origin_lv": "data", "adopted": False, "vg_uuid": "VG-1",
+            "lv_uuid": "LV-1", "pv_uuids": {"origin": "PV-hdd", "cache": "PV-ssd"}}
+
+
+def lvm_cache(host, env, *, mode="writethrough", health="partial", active=True,
+              status_line=None, ssd_gone=True):
+    """A built lvmcache c1 (hc_c1/data on the HDD, its cache volume on the SSD) whose SSD
+    LVM reports `health` (partial: its PV is missing; `ssd_gone`: the disk is gone too)."""
+    host.disk("vda", "ssd1", 64, type="LVM2_member", uuid="PV-ssd")
+    host.disk("vdc", "hdd1", 1024, type="LVM2_member", uuid="PV-hdd")
+    host.pvs["/dev/vdc"] = "hc_c1"
+    host.lvs["hc_c1/data"] = {
+        "lv_name": "data", "lv_attr": "Cwi-" + ("a" if active else "-") + "-C-p-",
+        "segtype": "cache", "cache_mode": mode, "cache_policy": "smq",
+        "kernel_cache_settings": "", "vg_uuid": "VG-1", "lv_uuid": "LV-1",
+        "lv_health_status": health}
+    host.vgs["hc_c1"] = {"vg_name": "hc_c1",
+                         "vg_missing_pv_count": "1" if health == "partial" else "0"}
+    if active:
+        host.disk("dm-0", None, 1024, type="xfs", uuid=FS)
+        host.link("/dev/hc_c1/data", "/dev/dm-0")
+        host.statuses[host.devnum("/dev/hc_c1/data")] = status_line or \
+            LIVE.format(dirty=0, mode=mode)
+    if ssd_gone:
+        host.unplug("vda")
+    save(env, c1=entry(spec=dict(SPEC, backend="lvmcache", mode=mode),
+                       backend_state=LV_STATE))
+
+
+def test_lvmcache_status_names_the_missing_pv(host, env):
+    lvm_cache(host, env)
+    got = row(host, env)
+    codes = [f["code"] for f in got["findings"]]
+    assert codes.count("CACHE_FAILED") == 1 and "DEVICE_MISSING" not in codes, codes
+    message = next(f["message"] for f in got["findings"] if f["code"] == "CACHE_FAILED")
+    assert "LVM reports hc_c1/data partial (a PV of its volume group is missing)" in message
+    assert "no dirty data at risk" in message
+
+
+def test_lvmcache_teardown_cache_failed_drops_the_cache_from_the_lv(host, env):
+    """The one command: the LV deactivated, the cache taken off it without a flush,
+    the missing PV out of the VG, the LV (the origin alone) active again, the unit and
+    the mapping entry gone; the plan says where the filesystem is."""
+    lvm_cache(host, env)
+    plan = plan_teardown("c1", env, cache_failed=True)
+    assert argvs(plan) == [
+        ["lvchange", *LVM, "--yes", "--activate", "n", "hc_c1/data"],
+        ["lvconvert", *LVM, "--yes", "--force", "--uncache", "hc_c1/data"],
+        ["vgreduce", *LVM, "--yes", "--removemissing", "hc_c1"],
+        ["lvchange", *LVM, "--yes", "--activate", "y", "hc_c1/data"]]
+    lvm_steps = [s for s in plan.steps if s.argv]
+    assert [s.destructive for s in lvm_steps] == [False, True, True, False]
+    assert all(s.check is not None for s in lvm_steps)      # each proves the LV again
+    assert plan.steps[-1].summary.startswith("remove c1 from the mapping")
+    assert any(f"is on /dev/hc_c1/data: `mount -o noatime UUID={FS} /mnt/c1`" in n
+               for n in plan.notes), plan.notes
+    assert "c1" in yaml.safe_load(env.state.read_text())["caches"]     # plans change nothing
+
+
+def test_lvmcache_inactive_lv_with_its_pv_present_is_not_deactivated_or_reduced(host, env):
+    """Failed with the PV still there (its metadata needs a check) and the LV not
+    active: nothing to deactivate, no missing PV to remove."""
+    lvm_cache(host, env, health="failed", active=False, ssd_gone=False)
+    host.pvs["/dev/vda"] = "hc_c1"
+    assert argvs(plan_teardown("c1", env, cache_failed=True)) == [
+        ["lvconvert", *LVM, "--yes", "--force", "--uncache", "hc_c1/data"],
+        ["lvchange", *LVM, "--yes", "--activate", "y", "hc_c1/data"]]
+
+
+def test_lvmcache_steps_stop_when_the_lv_or_the_origin_changed(host, env):
+    """Between the plan (a prompt can wait for hours) and a step, the LV was replaced
+    (another LV UUID) or the origin disk is another one: the step stops before its
+    program runs."""
+    from hotcache.provision.plan import RunContext
+
+    lvm_cache(host, env)
+    plan = plan_teardown("c1", env, cache_failed=True)
+    uncache = next(s for s in plan.steps if "--uncache" in s.argv)
+    uncache.check(RunContext(host.runner))                   # as planned: goes ahead
+    host.lvs["hc_c1/data"]["lv_uuid"] = "LV-other"
+    with pytest.raises(RefusedError, match="UUID is LV-other, recorded LV-1"):
+        uncache.check(RunContext(host.runner))
+    host.lvs["hc_c1/data"]["lv_uuid"] = "LV-1"
+    host.fs("vdc", "LVM2_member", "PV-someone-else")
+    with pytest.raises(RefusedError, match="(?s)stopped before .*PV-someone-else"):
+        uncache.check(RunContext(host.runner))
+    assert host.runner.recorded == []
+
+
+def test_lvmcache_dirty_data_lost_needs_an_acknowledgement_that_covers_it(host, env):
+    """Writeback, 3 dirty blocks of 64 KiB as the kernel still reports them: refused
+    without --accept-loss of at least 196608 bytes, naming it."""
+    lvm_cache(host, env, mode="writeback", status_line=LIVE.format(dirty=3, mode="writeback"))
+    with pytest.raises(RefusedError) as err:
+        plan_teardown("c1", env, cache_failed=True)
+    assert "196608 bytes" in str(err.value) and "--accept-loss 196608" in err.value.hint
+    with pytest.raises(RefusedError):
+        plan_teardown("c1", env, cache_failed=True, accept_loss="100K")
+    plan = plan_teardown("c1", env, cache_failed=True, accept_loss="192K")
+    assert ["lvconvert", *LVM, "--yes", "--force", "--uncache", "hc_c1/data"] in argvs(plan)
+    assert any("xfs_repair -n" in n for n in plan.notes)
+
+
+def test_lvmcache_unknown_dirty_data_needs_accept_loss_all(host, env):
+    lvm_cache(host, env, mode="writeback", status_line="0 2097152 cache Fail")
+    for given in (None, "1T"):
+        with pytest.raises(RefusedError, match="an unknown amount"):
+            plan_teardown("c1", env, cache_failed=True, accept_loss=given)
+    assert argvs(plan_teardown("c1", env, cache_failed=True, accept_loss="all"))
+
+
+def test_lvmcache_healthy_cache_is_refused(host, env):
+    lvm_cache(host, env, health="", ssd_gone=False)
+    with pytest.raises(RefusedError, match="nothing wrong with the SSD"):
+        plan_teardown("c1", env, cache_failed=True)
+    assert host.runner.recorded == []
