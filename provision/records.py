@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny,
                       ValidationError, model_serializer, model_validator)
+from pydantic_core import ErrorDetails, InitErrorDetails
 
 __all__ = ["CacheEntry", "DeviceRecord", "Filesystem", "HotCopy", "ValidationError",
            "BackendState", "BcacheState", "DmCacheState", "LvmCacheState", "STATES"]
@@ -136,6 +137,15 @@ STATES: dict[str, type[BackendState]] = {
 }
 
 
+def _in_backend_state(error: ErrorDetails) -> InitErrorDetails:
+    """A backend_state validation error, located in its mapping entry."""
+    located: InitErrorDetails = {"type": error["type"], "input": error["input"],
+                                 "loc": ("backend_state", *error["loc"])}
+    if "ctx" in error:
+        located["ctx"] = error["ctx"]
+    return located
+
+
 class CacheEntry(Record):
     """`caches.<name>` of the mapping (engine/apply._record writes it, in this order)."""
     backend: str
@@ -157,14 +167,12 @@ class CacheEntry(Record):
     def _typed_state(cls, data: Any) -> Any:
         """backend_state read as its backend's record."""
         if isinstance(data, dict) and isinstance(data.get("backend_state"), dict):
-            kind = STATES.get(data.get("backend"), BackendState)
+            kind = STATES.get(data.get("backend") or "", BackendState)
             try:
                 state = kind.model_validate(data["backend_state"])
             except ValidationError as exc:      # its errors, located in the entry
-                raise ValidationError.from_exception_data(cls.__name__, [
-                    {"type": e["type"], "loc": ("backend_state", *e["loc"]),
-                     "input": e["input"], **({"ctx": e["ctx"]} if "ctx" in e else {})}
-                    for e in exc.errors()]) from None
+                raise ValidationError.from_exception_data(
+                    cls.__name__, [_in_backend_state(e) for e in exc.errors()]) from None
             data = {**data, "backend_state": state}
         return data
 

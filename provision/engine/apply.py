@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from hotcache.provision import mapping
 from hotcache.provision.backends import recorded
@@ -160,9 +161,9 @@ def fs_label(spec: CacheSpec) -> str:
 def resolve(p: Planner, role: str, ref: DeviceRef, roots: set[str]) -> Device:
     host = p.env.host
     if ref.loop is None:
-        node = host.realpath(ref.path)
-        rep = blockdev.report(host, node, roots=roots, strict=False)
-        return Device(role, ref, node, True, rep.size, rep, _fs(host, node, rep))
+        path = host.realpath(ref.file)
+        rep = blockdev.report(host, path, roots=roots, strict=False)
+        return Device(role, ref, path, True, rep.size, rep, _fs(host, path, rep))
     image = ref.loop.file
     node = blockdev.loop_for_file(host, image)
     held = _image_data(image)
@@ -221,7 +222,8 @@ def resolve_recorded(p: Planner, role: str, ref: DeviceRef, entry: CacheEntry,
         return None
     if found.moved:
         p.plan.notes.append(found.moved)
-    if found.node is None:
+    seen = found.seen            # the recorded device as it is now; found.node is its node
+    if seen is None:
         info = entry.devices[role]
         if ref.loop is not None and info.loop_file == os.path.realpath(ref.loop.file):
             dev = resolve(p, role, ref, roots)   # the image, attached again
@@ -231,20 +233,20 @@ def resolve_recorded(p: Planner, role: str, ref: DeviceRef, entry: CacheEntry,
                  "not present under any name")
         return None
     named = _named_now(p.env.host, ref)
-    if named != found.node:
+    if named != seen.node:
         info = entry.devices[role]
         same_ref = ref.path == info.path if ref.path else \
-            os.path.realpath(ref.loop.file) == info.loop_file
+            os.path.realpath(ref.file) == info.loop_file
         if not same_ref:
             p.refuse(f"{at}: the spec names {ref.label} ({named or 'not present'}), but "
-                     f"{p.cache} was built on {found.seen.describe()}; moving a cache to "
+                     f"{p.cache} was built on {seen.describe()}; moving a cache to "
                      f"other devices needs `hotcache teardown {p.cache}` first")
             return None
         if not found.moved:
             p.plan.notes.append(f"{at}: {ref.label} now names {named or 'nothing'}, not the "
                                 f"device {p.cache} was built on; using "
-                                f"{found.seen.describe()}, found by its identity")
-    node = found.node
+                                f"{seen.describe()}, found by its identity")
+    node = seen.node
     rep = blockdev.report(p.env.host, node, roots=roots)
     return Device(role, ref, node, True, rep.size, rep, _fs(p.env.host, node, rep),
                   proven=True)
@@ -254,7 +256,7 @@ def _named_now(host: Host, ref: DeviceRef) -> str | None:
     """The node the spec's reference names today (None: nothing there)."""
     if ref.loop is not None:
         return blockdev.loop_for_file(host, ref.loop.file)
-    return host.realpath(ref.path) if host.exists(ref.path) else None
+    return host.realpath(ref.file) if host.exists(ref.file) else None
 
 
 def _require_stable_identity(p: Planner, spec: CacheSpec, dev: Device) -> None:
@@ -302,21 +304,28 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: CacheEntry | None, de
         # A probe that failed is an error (exit 4), never "no signatures": ask again and
         # let it raise.
         sigs = rep.signatures
+        node = cast(str, dev.node)      # a device with a report is present: a path
         if rep.unreadable:
-            sigs = blockdev.signatures(p.env.host, dev.node)
-            late = blockdev.partitions_in_use(p.env.host, dev.node)
+            sigs = blockdev.signatures(p.env.host, node)
+            late = blockdev.partitions_in_use(p.env.host, node)
             if late:
                 p.refuse(f"{at}: {'; '.join(late)}. hotcache will not touch it, even with "
                          "wipe: true")
                 return
-        sigs = [*sigs, *_header_signature(p.env.host, dev.node,
+        sigs = [*sigs, *_header_signature(p.env.host, node,
                                           backend.signature(entry, dev.role) if entry else None)]
     else:
         sigs = dev.image_signatures
     # An existing image file with data in it is someone's, unless the mapping says
     # hotcache made it: a file of plain data carries no signature to refuse.
-    image = dev.ref.loop and os.path.realpath(dev.ref.loop.file)
-    foreign = image and dev.image_data and image not in p.known_images
+    foreign = None
+    loop = dev.ref.loop
+    if loop is not None and dev.image_data:
+        image = os.path.realpath(loop.file)
+        if image not in p.known_images:
+            foreign = (f"{image} already exists and holds {dev.image_data / 2**20:.1f} MiB "
+                       f"of data (a {os.path.getsize(image) / 2**20:.0f} MiB file; the spec "
+                       f"says {loop.size})")
     if not sigs and not foreign:
         return
     kinds = ", ".join(sorted({s.get("type", "?") for s in sigs}))
@@ -328,9 +337,7 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: CacheEntry | None, de
     if not dev.ref.wipe:
         why = [f"it carries signatures ({kinds})"] if sigs else []
         if foreign:
-            why.append(f"{image} already exists and holds {dev.image_data / 2**20:.1f} MiB "
-                       f"of data (a {os.path.getsize(image) / 2**20:.0f} MiB file; the spec "
-                       f"says {dev.ref.loop.size})")
+            why.append(foreign)
         p.refuse(f"{at}: {' and '.join(why)} that hotcache did not create. If its data may "
                  "be destroyed, add `wipe: true` to that device in the spec")
         return
@@ -498,8 +505,8 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target,
     mp = os.path.normpath(spec.filesystem.mountpoint)
     opts = mount_options(spec)
     host = p.env.host
-    old_mp = entry and entry.filesystem.mountpoint
-    if old_mp and old_mp != mp and blockdev.mount_at(host, old_mp):
+    old_mp = entry.filesystem.mountpoint if entry else None
+    if entry and old_mp and old_mp != mp and blockdev.mount_at(host, old_mp):
         p.run(f"unmount {old_mp} (the spec moved {spec.name} to {mp})", ["umount", old_mp])
         old_uuid = entry.filesystem.uuid
         p.do(f"remove the old mountpoint entry of {spec.name} from {p.env.fstab}",
@@ -579,11 +586,11 @@ def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
             fs_uuid: str, target, state: str) -> None:
     if ctx.runner.dry_run:
         return
-    devices = {}
-    loop_files = []
+    devices: dict[str, dict[str, Any]] = {}
+    loop_files: list[str] = []
     for role, dev in devs.items():
         node = ctx.resolve(dev.node) if isinstance(dev.node, Ref) else dev.node
-        info = {"node": node, "size": dev.size}
+        info: dict[str, Any] = {"node": node, "size": dev.size}
         if env.host.exists(node):
             info = identity.record(identity.probe(env.host.kname(node), env.host))
         if dev.ref.path:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -21,7 +21,7 @@ from hotcache.provision.errors import SpecError
 from hotcache.provision.system import sizes
 from hotcache.provision.system.users import parse_owner
 
-SPEC_VERSION = 1
+SPEC_VERSION: Final = 1
 # Options that contradict `noatime`, which hotcache always sets (reads must not write).
 ATIME_OPTIONS = {"atime", "strictatime", "relatime", "lazytime"}
 SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/proc",
@@ -91,8 +91,17 @@ class DeviceRef(Strict):
         return self
 
     @property
+    def file(self) -> str:
+        """What hotcache opens: the device path, or the loop image's file."""
+        if self.loop is not None:
+            return self.loop.file
+        if self.path is None:       # _exactly_one refuses this
+            raise ValueError("give exactly one of `path` or `loop`")
+        return self.path
+
+    @property
     def label(self) -> str:
-        return self.path if self.path else f"loop image {self.loop.file}"
+        return self.path if self.path else f"loop image {self.file}"
 
 
 class Filesystem(Strict):
@@ -142,7 +151,7 @@ class CacheSpec(Strict):
 
 
 class HostSpec(Strict):
-    version: Literal[1] = Field(SPEC_VERSION, description="Spec format version.")
+    version: Literal[1] = Field(default=SPEC_VERSION, description="Spec format version.")
     caches: list[CacheSpec] = Field(description="The caches this host should have.")
 
 
@@ -224,24 +233,24 @@ def _semantic(spec: HostSpec) -> list[str]:
                                 + (f"; known: {', '.join(sorted(allowed))}" if allowed else ""))
             elif not isinstance(value, allowed[key]) or isinstance(value, bool):
                 problems.append(f"{at}.tunables.{key}: must be {allowed[key].__name__}")
-            elif allowed[key] is int and value < 0:
+            elif isinstance(value, int) and value < 0:     # an int tunable (checked above)
                 problems.append(f"{at}.tunables.{key}: must not be negative")
         for role, dev in c.devices().items():
             problems += _check_device(f"{at}.{role}", dev)
-            key = os.path.realpath(dev.path or dev.loop.file)    # x/../a.img is a.img
+            key = os.path.realpath(dev.file)    # x/../a.img is a.img
             if key in seen_devices:
                 problems.append(f"{at}.{role}: {dev.label} is also used by {seen_devices[key]}")
             seen_devices.setdefault(key, f"{at}.{role}")
         fs = c.filesystem
         mp = os.path.normpath(fs.mountpoint)
-        for field, value in (("filesystem.mountpoint", fs.mountpoint),
-                             ("filesystem.label", fs.label),
-                             *((f"{role}.loop.file", d.loop.file) for role, d in
-                               c.devices().items() if d.loop),
-                             *((f"{role}.path", d.path) for role, d in c.devices().items()
-                               if d.path)):
-            if value is not None and _CONTROL.search(value):
-                problems.append(f"{at}.{field}: {value!r} contains a control character "
+        for field, text in (("filesystem.mountpoint", fs.mountpoint),
+                            ("filesystem.label", fs.label),
+                            *((f"{role}.loop.file", d.loop.file) for role, d in
+                              c.devices().items() if d.loop),
+                            *((f"{role}.path", d.path) for role, d in c.devices().items()
+                              if d.path)):
+            if text is not None and _CONTROL.search(text):
+                problems.append(f"{at}.{field}: {text!r} contains a control character "
                                 "(newline, tab, ...); fstab, units and logs split on them. "
                                 "Rename it")
         if not os.path.isabs(fs.mountpoint):
@@ -284,7 +293,7 @@ def _check_device(at: str, dev: DeviceRef) -> list[str]:
         if not stat.S_ISBLK(os.stat(dev.path).st_mode):
             return [f"{at}: {dev.path} is not a block device"]
         return []
-    image = Path(dev.loop.file)
+    image = Path(dev.file)
     if not image.parent.is_dir():
         return [f"{at}.loop.file: folder {image.parent} does not exist; create it first"]
     if image.exists() and not image.is_file():

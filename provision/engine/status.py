@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from hotcache.provision.system.strenum import StrEnum
 from hotcache.provision import mapping
@@ -58,7 +59,7 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
         if role == "cache":
             ssd_problems.append(problems[-1])
 
-    devices = {}
+    devices: dict[str, dict[str, Any]] = {}
     for role in entry.devices:
         try:
             found, why = recorded.locate(entry, role, host, cache=name), Code.DEVICE_UNPROVEN
@@ -84,7 +85,7 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
     if entry.backend == "none":
         cached = devices.get("origin", {}).get("node")
     mount = blockdev.mount_at(host, mp) if mp else None
-    result = {
+    result: dict[str, Any] = {
         "name": name, "backend": entry.backend, "mode": entry.mode,
         "state": entry.state, "devices": devices, "cached_device": cached,
         "mountpoint": mp, "mounted": False, "noatime": False, "fs_uuid_matches": False,
@@ -143,6 +144,7 @@ def cache_failure(entry: CacheEntry, host: Host, nodes: dict) -> dict | None:
     info = entry.devices.get("cache")
     if entry.backend == "none" or info is None:
         return None
+    unanswered: str | None
     try:
         verdict = get_backend(entry.backend, host).failure(entry, nodes)
     except (HotcacheError, OSError) as exc:
