@@ -18,6 +18,7 @@ How a copy runs:
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import pwd
@@ -25,6 +26,7 @@ import stat
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from hotcache.provision import __version__
@@ -36,7 +38,7 @@ from hotcache.provision.hotcopy.format import (FORMAT, MANIFEST, METADATA, STAGI
                                                label_ok, read_metadata, staging_dir)
 from hotcache.provision.system.clock import now
 from hotcache.provision.system.meter import NullMeter
-from hotcache.provision.hotcopy.selection import Entry, select
+from hotcache.provision.hotcopy.selection import Entries, Entry, select
 from hotcache.provision.hotcopy.staging import Staging
 from hotcache.provision.hotcopy.sizing import FITS
 from hotcache.provision.hotcopy.subset import advice_for, sized
@@ -45,8 +47,11 @@ __all__ = ["CHUNK", "CopyOptions", "copy", "default_jobs"]
 
 CHECKPOINT_BYTES = 256 << 20
 CHECKPOINT_SECONDS = 2.0
+CHECKPOINT_FILES = 16384   # and at most this many files: the journal's pending lines
+                           # stay few however fast small files go
 BATCH_BYTES = 8 << 20      # small files go to the threads in batches, to keep the
 BATCH_FILES = 64           # per-file overhead (futures, wakeups) out of the way
+WINDOW = 4                 # batches in flight per thread: enough to keep them busy
 
 
 @dataclass
@@ -158,39 +163,56 @@ def parse_rate(text: str | None) -> int | None:
 
 # ---------------------------------------------------------------- the whole copy
 
+COPY, LINK, CHECK, RESUMED = range(4)   # what a run does with each selected file
+DIGEST = 32                              # bytes of a sha256 in the compact arrays
+
+
 @dataclass
 class Plan:
-    entries: list[Entry]
-    copy: list[Entry]
-    link: dict[str, str]        # rel -> digest, unchanged in the published copy
-    check: dict[str, str]       # rel -> digest, --checksum decides
-    resumed: dict[str, str]     # rel -> digest, journaled by an earlier run
+    """What a run does with each file of the selection, by its index there: one byte of
+    `kinds` and, for a file whose sha256 is already known (linked, checked or resumed),
+    32 bytes of `known`. No Python object per file, so millions of files fit in a few
+    tens of MiB."""
+    entries: Entries
+    kinds: bytearray
+    known: bytearray
     old: dict | None
-    old_digests: dict[str, str]
+    same_names: bool            # the published manifest lists exactly these paths
+    counts: list[int] = field(default_factory=lambda: [0] * 4)
+    sizes: list[int] = field(default_factory=lambda: [0] * 4)
 
     @property
     def copy_bytes(self) -> int:
-        by_rel = {e.rel: e for e in self.entries}
-        return sum(e.size for e in self.copy) + sum(by_rel[r].size for r in self.check)
+        return self.sizes[COPY] + self.sizes[CHECK]
 
 
-def make_plan(entries: list[Entry], dest: Path, journal: dict, checksum: bool) -> Plan:
+def make_plan(entries: Entries, dest: Path, journal: dict, checksum: bool) -> Plan:
     old = read_metadata(dest) if dest.is_dir() else None
     old_digests = manifest.read(dest / MANIFEST) if old else {}
-    plan = Plan(entries, [], {}, {}, {}, old, old_digests)
+    n = len(entries)
+    plan = Plan(entries, bytearray(n), bytearray(DIGEST * n), old,
+                len(old_digests) == n)
     failed = set((old or {}).get("verify_failed") or ())
-    for e in entries:
+    for i, e in enumerate(entries):
         done = journal.get(e.rel)
+        digest = None
+        if e.rel not in old_digests:
+            plan.same_names = False
         if done and done[:2] == (e.size, e.mtime_ns):
-            plan.resumed[e.rel] = done[2]
+            kind, digest = RESUMED, done[2]
         elif e.rel in failed:
-            plan.copy.append(e)   # `hotcache verify` found it damaged: copy it afresh
+            kind = COPY   # `hotcache verify` found it damaged: copy it afresh
         elif e.rel in old_digests and checksum:
-            plan.check[e.rel] = old_digests[e.rel]
+            kind, digest = CHECK, old_digests[e.rel]
         elif e.rel in old_digests and _unchanged(dest / e.rel, e):
-            plan.link[e.rel] = old_digests[e.rel]
+            kind, digest = LINK, old_digests[e.rel]
         else:
-            plan.copy.append(e)
+            kind = COPY
+        plan.kinds[i] = kind
+        plan.counts[kind] += 1
+        plan.sizes[kind] += e.size
+        if digest is not None:
+            plan.known[i * DIGEST:(i + 1) * DIGEST] = bytes.fromhex(digest)
     return plan
 
 
@@ -312,13 +334,14 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> d
     old = plan.old
     name = opts.name or (old or {}).get("name") or src.name
     summary = {"source": str(src), "dest": str(dest), "name": name,
-               "files": len(sel.entries), "bytes": sel.bytes, "copied_files": len(plan.copy),
-               "copied_bytes": sum(e.size for e in plan.copy), "reused_files": len(plan.link),
-               "resumed_files": len(plan.resumed), "checked_files": len(plan.check),
+               "files": len(sel.entries), "bytes": sel.bytes,
+               "copied_files": plan.counts[COPY], "copied_bytes": plan.sizes[COPY],
+               "reused_files": plan.counts[LINK], "resumed_files": plan.counts[RESUMED],
+               "checked_files": plan.counts[CHECK],
                "skipped": sel.warnings, **sel.coverage,
                **({"fit": sel.rule} if sel.rule else {}), "sizing": sizing.to_dict()}
     try:
-        if _same(plan, opts, name) and not plan.check and opts.version in (None, old["version"]):
+        if _same(plan, opts, name) and not plan.counts[CHECK] and opts.version in (None, old["version"]):
             return {**summary, "version": old["version"], "changed": False}
         if opts.space_check:
             check_space(dest, plan.copy_bytes, opts.margin, staging.parent_fd, sizing)
@@ -328,14 +351,15 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> d
         existed = staging.fd is not None
         staging.create(src)
         if existed:
-            staging.prune(set(plan.resumed))
+            staging.prune(_resumed(plan))
         digests, recopied = _run(src, src_fd, place, staging, plan, opts, owner, mode, meter)
         summary["copied_files"] += recopied
         if _same(plan, opts, name) and not recopied and opts.version in (None, old["version"]):
             staging.remove()   # --checksum found nothing new: keep what is published
             return {**summary, "version": old["version"], "changed": False}
         version = opts.version or next_version(old)
-        verified_at = _read_back(staging, digests, opts, meter) if opts.verify else None
+        verified_at = _read_back(staging, sel.entries, digests, opts, meter) \
+            if opts.verify else None
         try:
             meta = _finish(staging, src, dest, digests, sel, opts, name, version, old, mode,
                            owner, verified_at)
@@ -358,7 +382,7 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> d
             "copied_at": meta["copied_at"], "cache": recorded}
 
 
-def _plan(src: Path, place: Place, staging: Staging, entries: list[Entry],
+def _plan(src: Path, place: Place, staging: Staging, entries: Entries,
           opts: CopyOptions) -> Plan:
     """The plan, taking an earlier run's staging journal into account (under its lock:
     the staging folder stays open and locked for the rest of the copy)."""
@@ -374,28 +398,44 @@ def _plan(src: Path, place: Place, staging: Staging, entries: list[Entry],
 
 def _same(plan: Plan, opts: CopyOptions, name: str) -> bool:
     """Would this run publish exactly what is published now?"""
-    return (plan.old is not None and not plan.copy and not plan.resumed
-            and set(plan.old_digests) == {e.rel for e in plan.entries}
+    return (plan.old is not None and not plan.counts[COPY] and not plan.counts[RESUMED]
+            and plan.same_names
             and name == plan.old.get("name") and opts.owner is None and opts.mode is None)
 
 
+def _resumed(plan: Plan) -> set[str]:
+    """The paths an earlier run journaled (and this run keeps)."""
+    return {plan.entries.rel(i) for i, kind in enumerate(plan.kinds) if kind == RESUMED}
+
+
 def _run(src, src_fd, place: Place, staging: Staging, plan: Plan, opts, owner, mode,
-         meter) -> tuple[dict[str, str], int]:
-    """Copy/link everything in the plan; returns {rel: sha256} of the whole selection and
-    how many files --checksum found changed."""
+         meter) -> tuple[bytearray, int]:
+    """Copy/link everything in the plan; returns the sha256 of every selected file (32
+    bytes each, in the selection's order) and how many files --checksum found changed.
+    The work is handed to the threads a window of batches at a time, as the selection
+    is read, so nothing per file is held beyond the compact arrays."""
     dest = place.dest
     worker = FileCopier(src, src_fd, staging.fd, place.dest_fd if plan.old else None, mode,
                         owner, Limiter(opts.bwlimit) if opts.bwlimit else None, meter)
-    by_rel = {e.rel: e for e in plan.entries}
-    work = [(worker.copy, e) for e in plan.copy]
-    work += [(worker.link, by_rel[r], d) for r, d in plan.link.items()]
-    work += [(worker.check, by_rel[r], d) for r, d in plan.check.items()]
+    entries, kinds = plan.entries, plan.kinds
     # Folders first, once, from this thread: the workers then only create files.
-    for folder in sorted({os.path.dirname(item[1].rel) for item in work} - {""}):
+    folders = {os.path.dirname(entries.rel(i)) for i in range(len(entries))
+               if kinds[i] != RESUMED} - {""}
+    for folder in sorted(folders):
         os.close(beneath.makedirs(staging.fd, folder, 0o700))
-    digests = dict(plan.resumed)
-    todo = [e for e in plan.entries if e.rel not in plan.resumed]
-    meter.start(f"copy {src.name} -> {dest}", sum(e.size for e in todo), len(todo))
+    del folders
+    digests = bytearray(plan.known)
+
+    def work():
+        for i, kind in enumerate(kinds):
+            if kind == COPY:
+                yield i, worker.copy, (entries[i],)
+            elif kind != RESUMED:
+                digest = plan.known[i * DIGEST:(i + 1) * DIGEST].hex()
+                yield i, worker.link if kind == LINK else worker.check, (entries[i], digest)
+
+    todo = len(entries) - plan.counts[RESUMED]
+    meter.start(f"copy {src.name} -> {dest}", entries.bytes - plan.sizes[RESUMED], todo)
     pending: list[Done] = []
     since = {"bytes": 0, "at": time.monotonic()}
 
@@ -406,20 +446,24 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: Plan, opts, owner, m
             pending.clear()
         since.update(bytes=0, at=time.monotonic())
 
-    with ThreadPoolExecutor(max_workers=opts.jobs or default_jobs(),
-                            thread_name_prefix="hotcache-copy") as pool:
-        remaining = {pool.submit(_batch, batch) for batch in _batches(work)}
+    jobs = opts.jobs or default_jobs()
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="hotcache-copy") as pool:
+        batches = _batches(work())
+        window = WINDOW * jobs
+        remaining = {pool.submit(_batch, b) for b in itertools.islice(batches, window)}
         try:
             while remaining:
                 done, remaining = wait(remaining, timeout=CHECKPOINT_SECONDS,
                                        return_when=FIRST_EXCEPTION)
                 for fut in done:
-                    for rel, size, mtime_ns, digest in fut.result():
-                        digests[rel] = digest
+                    for i, (rel, size, mtime_ns, digest) in fut.result():
+                        digests[i * DIGEST:(i + 1) * DIGEST] = bytes.fromhex(digest)
                         pending.append((rel, size, mtime_ns, digest))
                         since["bytes"] += size
                         meter.file_done()
-                if (since["bytes"] >= CHECKPOINT_BYTES
+                remaining |= {pool.submit(_batch, b) for b in
+                              itertools.islice(batches, window - len(remaining))}
+                if (since["bytes"] >= CHECKPOINT_BYTES or len(pending) >= CHECKPOINT_FILES
                         or time.monotonic() - since["at"] >= CHECKPOINT_SECONDS):
                     checkpoint()
             checkpoint()
@@ -431,23 +475,22 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: Plan, opts, owner, m
     return digests, worker.recopied
 
 
-def _batches(work: list[tuple]) -> list[list[tuple]]:
+def _batches(work: Iterable[tuple]) -> Iterator[list[tuple]]:
     """Group small files into batches (up to BATCH_FILES or BATCH_BYTES); a large file
     is a batch of its own, so that large files still spread over all threads."""
-    out, batch, size = [], [], 0
+    batch, size = [], 0
     for item in work:
         batch.append(item)
-        size += item[1].size
+        size += item[2][0].size
         if len(batch) >= BATCH_FILES or size >= BATCH_BYTES:
-            out.append(batch)
+            yield batch
             batch, size = [], 0
     if batch:
-        out.append(batch)
-    return out
+        yield batch
 
 
-def _batch(batch: list[tuple]) -> list[Done]:
-    return [fn(*args) for fn, *args in batch]
+def _batch(batch: list[tuple]) -> list[tuple[int, Done]]:
+    return [(i, fn(*args)) for i, fn, args in batch]
 
 
 def _fail(exc: BaseException, staging: Staging, dest: Path, plan: Plan, checkpoint) -> None:
@@ -473,17 +516,16 @@ def _fail(exc: BaseException, staging: Staging, dest: Path, plan: Plan, checkpoi
                                  "files are not copied again") from exc
 
 
-def _read_back(staging: Staging, digests: dict[str, str], opts: CopyOptions,
-               meter: NullMeter) -> str:
+def _read_back(staging: Staging, entries: Entries, digests: bytearray,
+               opts: CopyOptions, meter: NullMeter) -> str:
     """--verify: make the copy durable, drop it from the page cache and hash it again from
     the device. Files that read back wrong are removed from the staging folder (and its
     journal) and nothing is published; the next run copies just those again."""
     from hotcache.provision.hotcopy.verify import hash_files
 
     fsops.syncfs(staging.fd)
-    meter.start("read back", sum(os.stat(r, dir_fd=staging.fd).st_size for r in digests),
-                len(digests))
-    bad = hash_files(staging.fd, sorted(digests), digests, opts.jobs, meter, evict=True)
+    meter.start("read back", entries.bytes, len(entries))
+    bad = hash_files(staging.fd, _pairs(entries, digests), opts.jobs, meter, evict=True)
     if bad:
         staging.forget({p["path"] for p in bad})
         shown = "\n  ".join(f"{p['path']}: {p['problem']}" for p in bad[:10])
@@ -492,6 +534,12 @@ def _read_back(staging: Staging, digests: dict[str, str], opts: CopyOptions,
                          hint="check the destination device (dmesg, SMART); run again to "
                               "copy those files afresh")
     return now()
+
+
+def _pairs(entries: Entries, digests: bytearray) -> Iterator[tuple[str, str]]:
+    """(path, sha256 hex) of every selected file, in path order, one at a time."""
+    for i in range(len(entries)):
+        yield entries.rel(i), digests[i * DIGEST:(i + 1) * DIGEST].hex()
 
 
 def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old, mode,
@@ -503,10 +551,11 @@ def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old,
             if owner:
                 os.fchown(fd, *owner)
             os.fchmod(fd, dir_mode(mode) if mode is not None else 0o755)
-    beneath.write_file(staging.fd, MANIFEST, manifest.text(digests), 0o644, owner)
+    beneath.write_file(staging.fd, MANIFEST, manifest.lines(_pairs(sel.entries, digests)),
+                       0o644, owner)
     meta = {
         "format": FORMAT, "complete": True, "name": name, "version": str(version),
-        "source": str(src), "files": len(digests), "bytes": sel.bytes, "hash": "sha256",
+        "source": str(src), "files": len(sel.entries), "bytes": sel.bytes, "hash": "sha256",
         "copied_at": now(), "verified_at": verified_at,
         "verify_ok": True if verified_at else None,
         "verify_mode": "full (read back before publishing)" if verified_at else None,

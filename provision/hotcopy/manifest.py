@@ -12,10 +12,11 @@ are str with surrogateescape, as the os module gives them. (Reading is format.py
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 
 from hotcache.provision.hotcopy.format import read_manifest as read
 
-__all__ = ["line", "read", "text"]
+__all__ = ["line", "lines", "read", "text"]
 
 _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
 
@@ -29,3 +30,10 @@ def line(digest: str, rel: str) -> str:
 def text(digests: dict[str, str]) -> bytes:
     """The manifest for {relative path: sha256 hex}, sorted by path, as bytes."""
     return b"".join(os.fsencode(line(digests[rel], rel)) for rel in sorted(digests))
+
+
+def lines(pairs: Iterable[tuple[str, str]]) -> Iterator[bytes]:
+    """The manifest's lines, one at a time, for (relative path, sha256 hex) pairs given
+    in path order: a copy of millions of files writes its manifest without holding it."""
+    for rel, digest in pairs:
+        yield os.fsencode(line(digest, rel))

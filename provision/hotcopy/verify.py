@@ -13,7 +13,10 @@ import json
 import os
 import random
 import stat
+from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from itertools import islice
 from pathlib import Path
 
 from hotcache.provision.hotcopy import manifest
@@ -25,6 +28,8 @@ from hotcache.provision.hotcopy.format import (MANIFEST, METADATA, RESERVED, STA
 from hotcache.provision.system.clock import now
 from hotcache.provision.system.chunks import CHUNK, sha256_of
 from hotcache.provision.system.meter import NullMeter
+
+WINDOW = 64    # files in flight per thread
 
 
 def sha256_file(root_fd: int, rel: str, meter: NullMeter, evict: bool = False) -> str:
@@ -42,11 +47,13 @@ def sha256_file(root_fd: int, rel: str, meter: NullMeter, evict: bool = False) -
         os.close(fd)
 
 
-def hash_files(root_fd: int, rels: list[str], digests: dict[str, str], jobs: int,
+def hash_files(root_fd: int, pairs: Iterable[tuple[str, str]], jobs: int,
                meter: NullMeter, evict: bool = False) -> list[dict]:
-    """Hash `rels` beneath the folder `root_fd` in parallel; a problem for each that
-    differs."""
-    def check(rel: str) -> dict | None:
+    """Hash each (path, expected sha256) beneath the folder `root_fd` in parallel threads;
+    a problem for each that differs. The pairs are taken a window at a time as the
+    threads need them, so a caller may stream millions of them."""
+    def check(pair: tuple[str, str]) -> dict | None:
+        rel, want = pair
         try:
             got = sha256_file(root_fd, rel, meter, evict)
         except OSError as exc:
@@ -54,14 +61,23 @@ def hash_files(root_fd: int, rels: list[str], digests: dict[str, str], jobs: int
                                             "on the way is never followed)"}
         finally:
             meter.file_done()
-        if got != digests[rel]:
+        if got != want:
             return {"path": rel, "problem": f"sha256 {got} differs from the manifest's "
-                                            f"{digests[rel]}"}
+                                            f"{want}"}
         return None
 
-    with ThreadPoolExecutor(max_workers=jobs or default_jobs(),
-                            thread_name_prefix="hotcache-verify") as pool:
-        return [p for p in pool.map(check, rels) if p]
+    jobs = jobs or default_jobs()
+    problems: list[dict] = []
+    pairs = iter(pairs)
+    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="hotcache-verify") as pool:
+        window: deque = deque(pool.submit(check, p) for p in islice(pairs, WINDOW * jobs))
+        while window:   # in order, refilled one for one: at most WINDOW x jobs in flight
+            found = window.popleft().result()
+            if found:
+                problems.append(found)
+            for p in islice(pairs, 1):
+                window.append(pool.submit(check, p))
+    return problems
 
 
 def _present(root_fd: int) -> dict[str, int]:
@@ -127,7 +143,7 @@ def _verify(dest, root, meta, mode, sample, jobs, meter, state, record) -> dict:
         to_hash = []
     meter.start(f"verify {dest.name} ({mode})", sum(present[r] for r in to_hash),
                 len(to_hash))
-    problems.extend(hash_files(root, to_hash, digests, jobs, meter))
+    problems.extend(hash_files(root, ((r, digests[r]) for r in to_hash), jobs, meter))
     ok = not problems
     report = {"path": str(dest), "name": meta.get("name"), "version": meta.get("version"),
               "mode": mode, "files": len(digests), "bytes": total, "hashed_files": len(to_hash),

@@ -250,12 +250,12 @@ def test_manifest_failure_keeps_the_journal(shared, monkeypatch):
     mnt, src, _victim = shared
     from hotcache.provision.hotcopy import manifest
 
-    real = manifest.text
-    monkeypatch.setattr(manifest, "text", lambda d: (_ for _ in ()).throw(
+    real = manifest.lines
+    monkeypatch.setattr(manifest, "lines", lambda pairs: (_ for _ in ()).throw(
         OSError(5, "Input/output error")))
     with pytest.raises(HotcacheError):
         copier.copy(src, mnt / "copy", copier.CopyOptions())
-    monkeypatch.setattr(manifest, "text", real)
+    monkeypatch.setattr(manifest, "lines", real)
     out = copier.copy(src, mnt / "copy", copier.CopyOptions())
     assert out["resumed_files"] == out["files"] and out["copied_files"] == 0
     assert sha256sum_check(mnt / "copy").returncode == 0
