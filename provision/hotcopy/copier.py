@@ -551,8 +551,7 @@ def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old,
             if owner:
                 os.fchown(fd, *owner)
             os.fchmod(fd, dir_mode(mode) if mode is not None else 0o755)
-    beneath.write_file(staging.fd, MANIFEST, manifest.lines(_pairs(sel.entries, digests)),
-                       0o644, owner)
+    manifest.write(staging.fd, _pairs(sel.entries, digests), owner)
     meta = {
         "format": FORMAT, "complete": True, "name": name, "version": str(version),
         "source": str(src), "files": len(sel.entries), "bytes": sel.bytes, "hash": "sha256",

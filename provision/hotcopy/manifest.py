@@ -11,12 +11,15 @@ are str with surrogateescape, as the os module gives them. (Reading is format.py
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable, Iterator
 
+from hotcache.provision.hotcopy.format import MANIFEST
 from hotcache.provision.hotcopy.format import read_manifest as read
+from hotcache.provision.system import beneath
 
-__all__ = ["line", "lines", "read", "text"]
+__all__ = ["line", "lines", "read", "text", "write"]
 
 _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
 
@@ -37,3 +40,30 @@ def lines(pairs: Iterable[tuple[str, str]]) -> Iterator[bytes]:
     in path order: a copy of millions of files writes its manifest without holding it."""
     for rel, digest in pairs:
         yield os.fsencode(line(digest, rel))
+
+
+def write(dirfd: int, pairs: Iterable[tuple[str, str]],
+          owner: tuple[int, int] | None = None) -> None:
+    """SHA256SUMS in the folder `dirfd`, written line by line as `pairs` come (a copy of
+    millions of files never holds its manifest whole), the way beneath.write_file
+    writes a file: a new temp file (O_EXCL, no symlink followed), owner and mode on its
+    descriptor, fsync'd, renamed over, folder fsync'd."""
+    tmp = f".{MANIFEST}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dirfd)
+    fd = beneath.open_at(dirfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            f.writelines(lines(pairs))
+        if owner:
+            os.fchown(fd, *owner)
+        os.fchmod(fd, 0o644)
+        os.fsync(fd)
+        os.rename(tmp, MANIFEST, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dirfd)
+        raise
+    finally:
+        os.close(fd)
+    os.fsync(dirfd)

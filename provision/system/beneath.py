@@ -23,7 +23,6 @@ import ctypes
 import errno
 import os
 import stat
-from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -149,22 +148,17 @@ def _raise(err: OSError) -> None:
     raise err
 
 
-def write_file(dirfd: int, name: str, data: bytes | Iterable[bytes], mode: int = 0o644,
+def write_file(dirfd: int, name: str, data: bytes, mode: int = 0o644,
                owner: tuple[int, int] | None = None) -> None:
     """Replace `name` in the folder `dirfd` atomically: a new temp file (O_EXCL, no
-    symlink followed), written, fchown'd, fchmod'd, fsync'd, renamed over, folder fsync'd.
-    `data` is the bytes, or an iterable of pieces written as they come (a large file
-    is never held whole)."""
+    symlink followed), written, fchown'd, fchmod'd, fsync'd, renamed over, folder fsync'd."""
     tmp = f".{name}.{os.getpid()}.tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp, dir_fd=dirfd)
     fd = open_at(dirfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb", closefd=False) as f:
-            if isinstance(data, (bytes, bytearray)):
-                f.write(data)
-            else:
-                f.writelines(data)
+            f.write(data)
         if owner:
             os.fchown(fd, *owner)
         os.fchmod(fd, mode)
