@@ -214,7 +214,7 @@ class _Loaded:
 
     __slots__ = ("samples", "seconds")
 
-    def __init__(self, samples, seconds: float):
+    def __init__(self, samples, seconds: float | tuple[float, int, int]):   # tiered: (s, hot, n)
         self.samples, self.seconds = samples, seconds
 
 

@@ -176,7 +176,7 @@ class TierLog:
     def __init__(self):
         from collections import deque
 
-        self.counts = deque(maxlen=1 << 16)
+        self.counts: deque[tuple[int, int]] = deque(maxlen=1 << 16)
 
     def strip(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         """(element, hot flags) batches -> element batches, each batch's count logged."""

@@ -186,7 +186,7 @@ class BatchTimer(StandsIn):
             tier_log.clear()
         it = iter(self.iterable)
         self._tiered = tier_log is not None
-        if self._tiered:
+        if tier_log is not None:
             it = tier_log.stamp(it)
         clock = self.clock
         waits = self.waits
