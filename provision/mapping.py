@@ -22,7 +22,7 @@ SCHEMA_VERSION = 1
 DEFAULT_STATE = "/etc/hotcache/mappings.yaml"
 
 
-def state_path(option: str | None = None) -> Path:
+def state_path(option: str | os.PathLike[str] | None = None) -> Path:
     return Path(option or os.environ.get("HOTCACHE_STATE") or DEFAULT_STATE)
 
 

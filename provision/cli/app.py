@@ -66,7 +66,11 @@ def main() -> None:
     except TyperException as exc:  # usage errors: unknown option, missing argument
         if "--json" in sys.argv:
             emit(UsageError(exc.format_message()).to_json(), "error")
-        exc.show()
+        show = getattr(exc, "show", None)   # typer's click errors print usage and the error
+        if show is not None:
+            show()
+        else:
+            sys.stderr.write(f"Error: {exc.format_message()}\n")
         sys.exit(ExitCode.BAD_INPUT)
     except KeyboardInterrupt:
         sys.stderr.write("hotcache: interrupted; run the same command again to finish\n")

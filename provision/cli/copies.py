@@ -23,7 +23,7 @@ def _meter(metrics_dir: Optional[Path] = None, operation: str = "",
     from hotcache.provision.system.meter import for_terminal
 
     meter = for_terminal()
-    if not operation:
+    if not operation or path is None:
         return meter
     from hotcache.provision.observe.progress import metrics_dir as where, wrap
 

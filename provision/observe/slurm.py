@@ -72,7 +72,7 @@ def merged(current: list[str], ours: list[str]) -> list[str]:
 
 def parse_node(text: str) -> dict[str, list[str]]:
     """AvailableFeatures and ActiveFeatures from `scontrol show node -o NAME`."""
-    out = {"available": [], "active": []}
+    out: dict[str, list[str]] = {"available": [], "active": []}
     for word in text.split():
         key, _, val = word.partition("=")
         if key in ("AvailableFeatures", "ActiveFeatures"):

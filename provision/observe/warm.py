@@ -151,7 +151,7 @@ def ordered_files(root_fd: int, root: Path, order: Path) -> list[tuple[Path, int
             fd = beneath.open_at(root_fd, rel, os.O_PATH)
         except OSError as exc:
             why = {errno.ENOENT: "no such file", errno.ELOOP: "a symlink on the way",
-                   errno.EXDEV: "leads out of it"}.get(exc.errno, exc.strerror)
+                   errno.EXDEV: "leads out of it"}.get(exc.errno or 0) or exc.strerror
             raise UsageError(f"{where} is not a file inside {root} ({why})",
                              hint=hint) from None
         try:
@@ -202,7 +202,7 @@ def slow_files(files: list[tuple[Path, int]], seconds: list[float]) -> list[tupl
     return [f for f, t in zip(files, per_mib) if t > limit]
 
 
-def backing(path: Path, state: Path | None) -> tuple[str, dict] | None:
+def backing(path: Path, state: Path | None) -> tuple[str, CacheEntry] | None:
     from hotcache.provision import mapping
     from hotcache.provision.hotcopy.catalog import backing_cache
 
@@ -405,7 +405,7 @@ class Reader:
                "files_per_s": round(len(files) / seconds, 1) if seconds else None,
                "promoted": max(0, promotions(now) - promotions(self.last)),
                "lookups": lookups(self.last, now),
-               "from_origin": None if None in (origin0, origin1) else origin1 - origin0,
+               "from_origin": None if origin0 is None or origin1 is None else origin1 - origin0,
                "rising": rising(self.last, now), "stats": now}
         if note:
             self.meter.note(f"{label}: {out['files_per_s'] or 0:.0f} files/s, "

@@ -15,7 +15,7 @@ from hotcache.provision.system.atomic import locked, write_atomic
 DEFAULT_FSTAB = "/etc/fstab"
 
 
-def fstab_path(option: str | None = None) -> Path:
+def fstab_path(option: str | os.PathLike[str] | None = None) -> Path:
     return Path(option or os.environ.get("HOTCACHE_FSTAB") or DEFAULT_FSTAB)
 
 
