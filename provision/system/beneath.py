@@ -36,6 +36,10 @@ DIR = os.O_RDONLY | os.O_DIRECTORY
 USE_OPENAT2 = True                      # tests turn this off to exercise the fallback
 
 
+class Untrusted(OSError):
+    """A path leads through a symlink that someone other than root could have made."""
+
+
 class Swapped(OSError):
     """A file or folder is not the one the walk saw: replaced since, by someone else."""
 
@@ -98,9 +102,55 @@ def open_at(dirfd: int, rel: str, flags: int = os.O_RDONLY, mode: int = 0o600) -
 
 
 def open_root(path: str | os.PathLike) -> int:
-    """A descriptor of the folder the administrator named (its last component must not be
-    a symlink): the root everything else is opened beneath."""
-    return os.open(path, DIR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """A descriptor of the folder the administrator named: the root everything else is
+    opened beneath. The path is walked from / one folder descriptor at a time, so a
+    folder renamed or swapped while hotcache runs cannot lead it elsewhere. A symlink on
+    the way is followed only when root (or the caller) owns it, read from the link
+    itself: a link another user made, in a folder they can write, could point anywhere
+    (`Untrusted`). The last component must be a folder, not a symlink."""
+    parts = [p for p in os.fspath(os.path.abspath(path)).split("/") if p not in ("", ".")]
+    trusted = {0, os.geteuid()}
+    fd = os.open("/", DIR | os.O_CLOEXEC)
+    links = 0
+    try:
+        while parts:
+            name = parts.pop(0)
+            try:
+                nxt = os.open(name, DIR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except (NotADirectoryError, OSError) as exc:
+                if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                link = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                try:
+                    st = os.fstat(link)
+                    if not stat.S_ISLNK(st.st_mode):
+                        raise
+                    if st.st_uid not in trusted:
+                        raise Untrusted(errno.ELOOP, f"{name!r} on the way is a symlink "
+                                        f"owned by uid {st.st_uid}, which hotcache does not "
+                                        "follow as root: name the real folder",
+                                        os.fspath(path)) from None
+                    if not parts:
+                        raise OSError(errno.ELOOP, "is a symlink: name the folder it "
+                                      "points to", os.fspath(path)) from None
+                    target = os.readlink("", dir_fd=link)
+                finally:
+                    os.close(link)
+                links += 1
+                if links > 40:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), os.fspath(path)) \
+                        from None
+                parts[:0] = [p for p in target.split("/") if p not in ("", ".")]
+                if target.startswith("/"):
+                    nxt = os.open("/", DIR | os.O_CLOEXEC)
+                else:
+                    continue
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def same(a: os.stat_result, b: os.stat_result) -> bool:

@@ -72,3 +72,36 @@ def test_odd_names_and_inode_checks(root):
     beneath.empty(dfd)
     os.close(dfd)
     assert os.listdir(top / "dir") == []
+
+
+@pytest.mark.root
+def test_open_root_follows_only_symlinks_root_made(tmp_path):
+    """The administrator's own symlinks on the way resolve; a symlink another user owns
+    anywhere on the way (a group member who swapped their folder `team` for a link
+    after the checks) is refused, and the last component is never a link."""
+    real = tmp_path / "mnt" / "hot"
+    (real / "team" / "ds").mkdir(parents=True)
+    (tmp_path / "etc-like" / "ds").mkdir(parents=True)
+    (tmp_path / "data").symlink_to(real)                   # root's own link: followed
+    fd = beneath.open_root(tmp_path / "data" / "team" / "ds")
+    assert beneath.same(os.fstat(fd), os.stat(real / "team" / "ds"))
+    os.close(fd)
+    fd = beneath.open_root(tmp_path / "data" / "team" / ".." / "team")
+    assert beneath.same(os.fstat(fd), os.stat(real / "team"))
+    os.close(fd)
+
+    (real / "team").rename(real / "team.old")               # the user swaps in a link
+    (real / "team").symlink_to(tmp_path / "etc-like")
+    os.lchown(real / "team", 4242, 4242)
+    with pytest.raises(beneath.Untrusted) as exc:
+        beneath.open_root(tmp_path / "data" / "team" / "ds")
+    assert exc.value.errno == errno.ELOOP and "owned by uid 4242" in str(exc.value)
+    with pytest.raises(beneath.Untrusted):
+        beneath.open_root(real / "team" / "ds")
+    os.lchown(real / "team", 0, 0)                          # the same link, root's: followed
+    fd = beneath.open_root(real / "team" / "ds")
+    assert beneath.same(os.fstat(fd), os.stat(tmp_path / "etc-like" / "ds"))
+    os.close(fd)
+    with pytest.raises(OSError) as exc:                     # ... but never as the last part
+        beneath.open_root(tmp_path / "data")
+    assert exc.value.errno == errno.ELOOP
