@@ -126,7 +126,7 @@ def _unescape(text: str) -> str:
     return "".join(out)
 
 
-def read_manifest(path: Path, dir_fd: int | None = None) -> dict[str, str]:
+def read_manifest(path: str | Path, dir_fd: int | None = None) -> dict[str, str]:
     """{relative path: sha256 hex} from a manifest written from `text` or by sha256sum.
     The manifest itself is never a symlink (O_NOFOLLOW); with `dir_fd`, `path` is a name
     in that folder."""

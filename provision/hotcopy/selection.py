@@ -93,8 +93,7 @@ class Entries(Sequence):
         if not isinstance(other, Sequence) or len(self) != len(other):
             return False
         return all(a == b for a, b in zip(self, other))
-
-    __hash__ = None
+    # No __hash__: a class that defines __eq__ alone is unhashable, as a list is.
 
 
 @dataclass
@@ -232,7 +231,7 @@ def filter_globs(sel: Selection, include: list[str], exclude: list[str]) -> Sele
 
 def narrow(sel: Selection, entries: Iterable[Entry]) -> Selection:
     """A narrower selection of the same walk."""
-    return Selection(entries, sel.warnings, sel.source_files, sel.source_bytes)
+    return Selection(Entries(entries), sel.warnings, sel.source_files, sel.source_bytes)
 
 
 def read_list(list_file: Path) -> list[str]:
@@ -259,7 +258,7 @@ def read_list(list_file: Path) -> list[str]:
     return out
 
 
-def filter_list(sel: Selection, wanted: list[str], list_file: Path) -> Selection:
+def filter_list(sel: Selection, wanted: list[str], list_file: Path | None) -> Selection:
     """Keep the listed files; a listed folder takes everything under it."""
     by_rel = {e.rel: e for e in sel.entries}
     keep: dict[str, Entry] = {}
@@ -332,7 +331,7 @@ def fit(sel: Selection, budget: int, seed: int) -> tuple[Selection, float]:
     return narrow(sel, sorted(picked, key=lambda e: e.rel)), best
 
 
-def select(src: Path, *, include: list[str] = (), exclude: list[str] = (),
+def select(src: Path, *, include: Sequence[str] = (), exclude: Sequence[str] = (),
            list_file: Path | None = None, fraction: float | None = None,
            seed: int = 0) -> Selection:
     """The files a copy of `src` takes, in path order."""

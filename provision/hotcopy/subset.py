@@ -34,7 +34,7 @@ def sized(sel: Selection, dest: Path, *, fit_: bool, budget: str | None, margin:
                                                         "what --fit draws from")
     old = read_metadata(dest) if dest.is_dir() else None
     old_rule = ((old or {}).get("selection") or {})
-    if old_rule.get("rule") == RULE and not redraw and not explicit:
+    if old is not None and old_rule.get("rule") == RULE and not redraw and not explicit:
         return _kept(sel, dest, old, old_rule, note)
     if not fit_:
         if redraw:
