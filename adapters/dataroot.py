@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .errors import DataRootError
@@ -60,6 +60,8 @@ class HotCopy:
     """What the hot copy's metadata says. `state` is one of:
     hot        complete and verified
     unverified complete, but its last verification failed or never ran
+    unrecorded on a cache the host's mapping records, but not a copy the mapping records
+               there (anyone who can write to a shared hot tier can write metadata)
     staging    a copy being written (or left half-written): never hot
     cold       no hot copy here
     `copy_state` is the finer state `hotcache copies` prints (format.CopyState)."""
@@ -259,8 +261,32 @@ def describe(path: str | os.PathLike, source: str = "argument",
     rank = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if os.environ.get(k)}
     backing = backing_of(path)
     copy = hot_copy_at(path)
+    view = check_view(backing)
+    copy = _recorded(copy, view)
     tiers = Tiers.of(path, Path(cold).resolve(), copy.root, copy.is_hot) if cold else None
-    return DataRoot(path, source, copy, backing, rank, check_view(backing), tiers)
+    return DataRoot(path, source, copy, backing, rank, view, tiers)
+
+
+def _recorded(copy: HotCopy, view: View) -> HotCopy:
+    """On a cache the host's mapping records (a fresh view), a copy is hot only when the
+    mapping records a copy at that folder: the same inode and owner (the paths differ in
+    a container). Where the mapping is not visible, the metadata is all there is."""
+    if copy.state not in ("hot", "unverified") or view.state != "fresh" or copy.root is None:
+        return copy
+    caches, _ = _mapping()
+    entry = (caches or {}).get(view.cache) or {}
+    records = entry.get("hot_copies") or {}
+    try:
+        st = os.lstat(copy.root)
+    except OSError:
+        return replace(copy, state="unrecorded")
+    for where, rec in records.items() if isinstance(records, dict) else ():
+        if not isinstance(rec, dict):
+            continue
+        if (rec.get("inode"), rec.get("uid")) == (st.st_ino, st.st_uid) or \
+                (rec.get("inode") is None and where == copy.root):    # recorded before
+            return copy                                               # inodes were kept
+    return replace(copy, state="unrecorded")
 
 
 def _cold_root(cold: str | os.PathLike | None) -> Path | None:
@@ -310,7 +336,10 @@ def data_root(default: str | os.PathLike | None = None, expect: str | None = Non
     if expect in ("hot", "partial") and not root.copy.is_hot:
         why = {"cold": "is not a hot copy (no complete hotcache metadata in it or above it)",
                "staging": f"is a half-written hot copy (staging folder {root.copy.root})",
-               "unverified": f"is a hot copy at {root.copy.root} whose last verification did not pass"}
+               "unverified": f"is a hot copy at {root.copy.root} whose last verification did not pass",
+               "unrecorded": f"holds hot-copy metadata at {root.copy.root}, but the host's "
+                             f"mapping records no copy there (not made by hotcache, or "
+                             f"replaced since)"}
         raise DataRootError(f"{ENV} {path} {why[root.copy.state]}, and a hot copy was expected",
                             hint="run `hotcache copy` / `hotcache verify`, or unset DATA_ROOT_EXPECT")
     return root

@@ -70,3 +70,32 @@ def test_a_members_forged_copy_is_never_published_as_verified(sandbox, user):
     assert manifests_paths() == []
     assert "toy" not in verify_ok_samples(sandbox)
     shutil.rmtree(mp / "toy")
+
+
+def test_data_root_expect_hot_takes_only_a_recorded_copy(sandbox, user, monkeypatch):
+    """A training job's `data_root(expect="hot")` on a host whose mapping it can see: a
+    member's forged copy, or one put in place of root's, is `unrecorded` and refused;
+    root's own recorded copy is hot."""
+    from hotcache.adapters.dataroot import DataRootError, data_root, describe
+
+    mp = build(sandbox)
+    os.chown(mp, 0, user.pw_gid)
+    os.chmod(mp, 0o2775)
+    hotcache("copy", make_dataset(sandbox / "src"), mp / "toy", "--verify", check=True)
+    forge(mp / "imagenet", user, "imagenet")
+    toy = describe(mp / "toy")
+    assert (toy.view.state, toy.hot) == ("fresh", "yes")
+    assert describe(mp / "imagenet").copy.state == "unrecorded"
+    monkeypatch.setenv("DATA_ROOT", str(mp / "imagenet" / "a.jpg").rsplit("/", 1)[0])
+    with pytest.raises(DataRootError, match="mapping records no copy there"):
+        data_root(expect="hot")
+
+    os.rename(mp / "toy", mp / "toy-moved")
+    forge(mp / "toy", user, "toy")
+    assert describe(mp / "toy").copy.state == "unrecorded"
+    monkeypatch.setenv("DATA_ROOT", str(mp / "toy"))
+    with pytest.raises(DataRootError, match="mapping records no copy there"):
+        data_root(expect="hot")
+    shutil.rmtree(mp / "toy")
+    os.rename(mp / "toy-moved", mp / "toy")
+    assert data_root(expect="hot").hot == "yes"
