@@ -16,6 +16,10 @@ VENV = REPO / ".venv"
 THROTTLE = "cache=none,throttling.iops-total=150,throttling.bps-total=157286400"
 
 
+# Guests booting now (boots may run in threads, side by side).
+RUNNING: set[subprocess.Popen] = set()
+
+
 def kernel() -> str | None:
     """The newest /boot/vmlinuz-*-amd64 (Debian's linux-image-amd64), or None."""
     found = sorted(glob.glob("/boot/vmlinuz-*-amd64"))
@@ -38,8 +42,22 @@ def boot(command: str, rwdir: Path, qemu_drives: str, timeout: int) -> subproces
             "--rwdir", str(rwdir), f"--qemu-opts={qemu_drives}",  # one word: starts with -
             "--exec", command]
     env = {**os.environ, "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '')}"}
-    return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, errors="replace", env=env)
+    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, errors="replace",
+                          env=env) as proc:
+        RUNNING.add(proc)
+        try:
+            console, _ = proc.communicate()
+        finally:
+            RUNNING.discard(proc)
+    return subprocess.CompletedProcess(argv, proc.returncode, console)
+
+
+def stop_all() -> None:
+    """Power off every guest still booting (`timeout` passes SIGTERM on to QEMU): a test
+    session that ends early does not leave them running."""
+    for proc in list(RUNNING):
+        proc.terminate()
 
 
 def run_benchmark(script: str, guest_args: str, ssd_mib: int, hdd_mib: int, *,

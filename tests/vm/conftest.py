@@ -3,7 +3,30 @@
 on its own (`pytest tests/vm/test_guest_kernel.py`), not only when the guest folder's
 conftest happens to be collected first."""
 
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def pytest_collection_finish(session):
+    """Boot the guests now, in the background, when the session will need them: they
+    then run beside the host tiers (HOTCACHE_VM_EARLY=0 boots them when first needed)."""
+    if os.environ.get("HOTCACHE_VM_EARLY", "1") == "0" or os.geteuid() != 0 \
+            or session.config.option.collectonly:
+        return
+    wanted, module = set(), None
+    for item in session.items:
+        start = getattr(getattr(item, "module", None), "start_early", None)
+        if start is not None:
+            module = item.module
+            wanted |= set(getattr(item, "fixturenames", ()))
+    if module is not None:
+        module.start_early(wanted, session.config._tmp_path_factory)
+
+
+def pytest_sessionfinish(session):
+    """A session that stops early (-x, Ctrl-C) powers off guests it no longer needs."""
+    from bench import vmboot
+    vmboot.stop_all()
