@@ -144,7 +144,8 @@ def _images(root: Path, tiers, prepare, *, shuffle: bool, seed,
         files = [tiers.path(r) for r in rels]
         ds = tf.data.Dataset.from_tensor_slices((files, labels, [tiers.is_hot(r) for r in rels]))
     else:
-        files, labels, _classes = list_image_folder(root)
+        listed, labels, _classes = list_image_folder(root)
+        files = list(listed)   # tf.data holds them as one tensor anyway
         ds = tf.data.Dataset.from_tensor_slices((files, labels))
     if shuffle:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)

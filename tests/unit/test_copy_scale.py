@@ -83,3 +83,33 @@ def test_entries_hold_every_field_compactly(tmp_path):
     alias = next(e for e in as_list if e.rel == "alias")
     assert alias.via_symlink and alias.target == "f" and alias.source == "f"
     assert sel.entries[-1] == as_list[-1] and sel.entries[0:2] == as_list[0:2]
+
+
+def test_the_image_folder_listing_is_compact_and_reads_as_paths(tmp_path):
+    """The adapters' listing keeps a few bytes per file (a list of str would take over
+    100), reads back exactly the paths os.walk gives, and survives pickling (a
+    DataLoader worker started by spawn receives it)."""
+    import pickle
+
+    from hotcache.adapters.imagefolder import list_image_folder
+
+    root = tmp_path / "data"
+    n = 5000
+    for i in range(n):
+        folder = root / f"c{i % 20:02}" / ("sub" if i % 3 else "")
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i:06}.jpg").write_bytes(b"")
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        paths, labels, classes = list_image_folder(root)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held / n < 80, held / n
+    walked = sorted(os.path.join(d, f) for d, _s, files in os.walk(root) for f in files)
+    assert sorted(paths) == walked and len(labels) == n and len(classes) == 20
+    assert all(p.split("/")[-2 if "/sub/" not in p else -3] == classes[label]
+               for p, label in zip(paths, labels))
+    again = pickle.loads(pickle.dumps(paths))
+    assert again == paths and again[-1] == paths[-1] == list(paths)[-1]
