@@ -233,6 +233,9 @@ def command_problems(words: list[str], cwd: Path) -> tuple[list[str], Path]:
         return [f"no playbook {b}" for b in books if not (cwd / b).is_file()], cwd
     if program == "promtool":
         return [f"no file {w}" for w in words[3:] if not (cwd / w).is_file()], cwd
+    if Path(program).name in ("ruff", "mypy"):     # the folders `ruff check` is given exist
+        paths = words[2:] if words[1:2] == ["check"] else []
+        return [f"no folder {p}" for p in paths if not (cwd / p).is_dir()], cwd
     if program in PLAIN:
         return [], cwd
     return [f"unknown program {program!r}: check it here or add it to PLAIN"], cwd
