@@ -56,8 +56,7 @@ class PathList(Sequence):
     def __eq__(self, other) -> bool:
         return (isinstance(other, Sequence) and len(self) == len(other)
                 and all(a == b for a, b in zip(self, other)))
-
-    __hash__ = None
+    # No __hash__: a class that defines __eq__ alone is unhashable, as a list is.
 
     def __getstate__(self):
         return self.root, bytes(self._blob), self._ends

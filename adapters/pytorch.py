@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from time import perf_counter
@@ -78,6 +79,7 @@ class ImageFolderDataset(Dataset):
         self.draft = draft
         self.resample = resample
         self.threads = max(1, int(threads))
+        self.paths: Sequence[str]
         if self.tiers is not None:
             self.rels, self.labels, self.classes = list_tiered(self.tiers, IMAGE_EXTENSIONS)
             self.paths = [self.tiers.path(r) for r in self.rels]
