@@ -293,7 +293,7 @@ def prune(
     where = [Path(os.path.abspath(r)) for r in roots or []] or p.roots_from_mapping(state)
     found = p.find(where, keep=keep, staging_hours=staging_hours,
                    tf_caches=[Path(os.path.abspath(t)) for t in tf_cache], keep_keys=keys,
-                   older_than_days=older_than)
+                   older_than_days=older_than, recorded=p.recorded_copies(state))
     doomed = [c for c in found if not c.busy]
     if yes:
         for c in doomed:

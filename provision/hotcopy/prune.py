@@ -13,6 +13,8 @@ What it finds, under the mapping's mountpoints and the folders given:
 Only folders owned by the account running prune are candidates: on a shared,
 group-writable tier anyone can name a folder `.x.hotcache-old` or plant a copy with a
 later `copied_at`, and neither may make root delete something that is not its own.
+Nor can a member rename root's own copy to such a name: a folder whose inode the
+mapping records as a hot copy is a candidate only at the path recorded for it.
 
 A dry run by default. Nothing a process holds open (cwd, open file, mapping: the check
 `teardown` uses) is touched. Deletion never follows a symlink: each candidate is reached
@@ -130,7 +132,10 @@ def _version_key(meta: dict):
 
 def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[Path],
          keep_keys: set[str] | None, older_than_days: float | None,
-         now: float | None = None) -> list[Candidate]:
+         now: float | None = None,
+         recorded: dict[tuple[int, int], str] | None = None) -> list[Candidate]:
+    """`recorded`: (st_dev, st_ino) -> path of every hot copy the mapping records
+    (recorded_copies)."""
     if keep < 1:
         raise UsageError(f"--keep {keep}: keep at least 1 version of each copy")
     now = time.time() if now is None else now
@@ -147,9 +152,13 @@ def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[
         for folder in _children(root):
             name = folder.name
             try:
-                mine = os.lstat(folder).st_uid == me
+                st = os.lstat(folder)
             except OSError:
                 continue
+            mine = st.st_uid == me
+            moved = (recorded or {}).get((st.st_dev, st.st_ino), str(folder)) != str(folder)
+            if moved:
+                continue            # a recorded copy someone renamed: never a leftover
             if not mine:
                 # In a group-writable folder anyone can give their own (or another
                 # member's) folder a hotcache name, or plant a "newer version": only
@@ -234,6 +243,21 @@ def remove(c: Candidate) -> None:
         os.fsync(parent)
     finally:
         os.close(parent)
+
+
+def recorded_copies(state: Path | None) -> dict[tuple[int, int], str]:
+    """(st_dev, st_ino) -> path of each hot copy the mapping records with its inode."""
+    from hotcache.provision import mapping
+
+    path = mapping.state_path(state and str(state))
+    if not path.exists():
+        return {}
+    out = {}
+    for entry in mapping.load(path).get("caches", {}).values():
+        for where, copy in (entry.hot_copies or {}).items():
+            if copy.inode is not None and copy.dev is not None:
+                out[(copy.dev, copy.inode)] = where
+    return out
 
 
 def roots_from_mapping(state: Path | None) -> list[Path]:

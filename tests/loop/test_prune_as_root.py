@@ -97,3 +97,25 @@ def test_a_folder_swapped_in_at_the_aside_name_is_not_emptied(shared, user, monk
         prune.remove(cand)
     aside = mnt / seen[0]
     assert digests(aside) == before, "the member's folder was not emptied"
+
+
+def test_roots_recorded_copy_renamed_to_a_leftover_name_is_not_deleted(sandbox, user):
+    """The parent is group-writable without the sticky bit, so a member can rename root's
+    own copy (root-owned, so the owner filter passes it) to `.x.hotcache-old` or to a
+    staging name: prune knows it by the inode the mapping records and keeps it."""
+    from tests.helpers import hotcache
+    from tests.loop.test_kube_loop import build
+    from tests.unit.test_copy import make_dataset
+
+    mp = build(sandbox)
+    os.chown(mp, 0, user.pw_gid)
+    os.chmod(mp, 0o2775)
+    hotcache("copy", make_dataset(sandbox / "src"), mp / "toy", "--verify", check=True)
+    before = digests(mp / "toy")
+    for name in (".toy.hotcache-old", ".toy.hotcache-staging"):
+        os.rename(next(p for p in mp.iterdir() if p.name in ("toy", ".toy.hotcache-old")),
+                  mp / name)
+        rc, out = hotcache_json("prune", "--yes", "--staging-hours", "0")
+        assert rc == 0, out
+        assert str(mp / name) not in {c["path"] for c in out["candidates"]}, out
+        assert digests(mp / name) == before
