@@ -163,6 +163,9 @@ def status(
         from hotcache.provision.observe.metrics import write_textfile
 
         write_textfile(prometheus, rows, path)
+        from hotcache.provision.observe.progress import sweep
+
+        sweep(Path(os.path.abspath(prometheus)).parent)
     if node_labels is not None:
         from hotcache.provision.observe.nodelabels import write as write_labels
 

@@ -9,13 +9,16 @@ left in the current phase (copy, read back, verify, warm pass N), whether it is 
 running, and when it was written. It is rewritten atomically (temp file + rename), at most
 every `interval` seconds and at each phase's start and at the end; the last write says
 running 0. One file per operation and path: a later run of the same command replaces it,
-and node_exporter merges it with the metrics timer's file.
+and node_exporter merges it with the metrics timer's file. Each refresh of the metrics
+timer removes progress files nobody has written for a day (`sweep`), so copies to many
+paths, or runs that were killed, do not pile up in node_exporter's folder.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import threading
 import time
 from pathlib import Path
@@ -42,6 +45,37 @@ def metrics_dir(option: str | os.PathLike | None) -> Path | None:
 def progress_file(folder: Path, operation: str, path: Path) -> Path:
     digest = hashlib.sha256(str(path).encode()).hexdigest()[:12]
     return folder / f"hotcache-progress-{operation}-{digest}.prom"
+
+
+STALE_AFTER = 86400.0
+
+
+def sweep(folder: Path, stale_after: float = STALE_AFTER, now: float | None = None) -> list[str]:
+    """Remove the progress files in `folder` that this account wrote and nobody updated
+    for `stale_after` seconds; returns their names. Only regular files with the progress
+    name are touched (lstat on the folder's descriptor: a link is never followed) and
+    others' files are left alone."""
+    now = time.time() if now is None else now
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return []
+    removed = []
+    try:
+        for name in sorted(os.listdir(fd)):
+            if not (name.startswith("hotcache-progress-") and name.endswith(".prom")):
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and \
+                        now - st.st_mtime >= stale_after:
+                    os.unlink(name, dir_fd=fd)
+                    removed.append(name)
+            except FileNotFoundError:
+                continue                # a run that ended meanwhile replaced or removed it
+    finally:
+        os.close(fd)
+    return removed
 
 
 class TextfileMeter(NullMeter):

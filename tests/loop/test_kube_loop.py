@@ -250,3 +250,16 @@ def test_real_container_runc(sandbox):
         assert any(x.startswith("data_root STALE:") for x in more), more
     finally:
         subprocess.run(["runc", "delete", "--force", name], capture_output=True)
+
+
+def test_the_metrics_refresh_sweeps_stale_progress_files(sandbox):
+    """`status --prometheus FILE` (the metrics timer) removes day-old progress files of
+    copies and warm-ups from FILE's folder and keeps a current one."""
+    build(sandbox)
+    stale = sandbox / "hotcache-progress-copy-0123456789ab.prom"
+    current = sandbox / "hotcache-progress-warm-ba9876543210.prom"
+    for f in (stale, current):
+        f.write_text("hotcache_progress_running 0\n")
+    os.utime(stale, (1, 1))
+    labels_now(sandbox)
+    assert not stale.exists() and current.exists()

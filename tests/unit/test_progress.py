@@ -106,3 +106,34 @@ def test_cli_copy_and_warm_write_progress_where_asked(tmp_path):
     # off by default here (tests/conftest.py sets the folder empty): nothing written
     proc = hotcache("copy", src, tmp_path / "hot2")
     assert proc.returncode == 0 and sorted(p.name for p in folder.iterdir()) == made
+
+
+def test_sweep_removes_only_this_accounts_stale_progress_files(tmp_path):
+    """The metrics timer's sweep: a day-old progress file of this account goes; a fresh
+    one, another account's, a symlink with the progress name (its target untouched) and
+    node_exporter's other files stay."""
+    from hotcache.provision.observe import progress
+
+    day = 86400
+    now = 10 * day
+    old, fresh = tmp_path / "hotcache-progress-copy-aaa.prom", \
+        tmp_path / "hotcache-progress-warm-bbb.prom"
+    others = tmp_path / "hotcache-progress-copy-ccc.prom"
+    target = tmp_path / "target.prom"
+    link = tmp_path / "hotcache-progress-copy-ddd.prom"
+    unrelated = tmp_path / "node.prom"
+    for f in (old, fresh, others, target, unrelated):
+        f.write_text("x 1\n")
+    link.symlink_to(target)
+    for f in (old, others, target, unrelated):
+        os.utime(f, (now - 2 * day, now - 2 * day))
+    os.utime(link, (now - 2 * day, now - 2 * day), follow_symlinks=False)
+    os.utime(fresh, (now - 60, now - 60))
+    if os.geteuid() == 0:
+        os.chown(others, 4242, 4242)
+    else:
+        others.unlink()                      # cannot give a file away without root
+    assert progress.sweep(tmp_path, now=now) == [old.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for p in (fresh, others, target, link, unrelated) if os.path.lexists(p))
+    assert target.read_text() == "x 1\n"
