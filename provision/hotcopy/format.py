@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from hotcache.provision.system import beneath
@@ -130,20 +132,30 @@ def read_manifest(path: str | Path, dir_fd: int | None = None) -> dict[str, str]
     """{relative path: sha256 hex} from a manifest written from `text` or by sha256sum.
     The manifest itself is never a symlink (O_NOFOLLOW); with `dir_fd`, `path` is a name
     in that folder."""
+    return dict(iter_manifest(path, dir_fd))
+
+
+def iter_manifest(path: str | Path, dir_fd: int | None = None) -> Iterator[tuple[str, str]]:
+    """(relative path, sha256 hex) of each line of the manifest, read a line at a time
+    (a manifest of millions of files is never held whole), in the file's order. Opened
+    as read_manifest opens it: never through a symlink, a FIFO or a device."""
     try:
-        text = os.fsdecode(beneath.read_regular(path, dir_fd=dir_fd))
+        fd = os.open(path, beneath.READ_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as exc:
         raise UsageError(f"{path}: cannot read the manifest ({exc.strerror})") from None
-    digests: dict[str, str] = {}
-    for n, raw in enumerate(text.split("\n"), 1):
-        if not raw:
-            continue
-        escaped = raw.startswith("\\")
-        body = raw[1:] if escaped else raw
-        digest, sep, name = body.partition(" ")
-        if not sep or len(digest) != 64 or not name or name[0] not in " *":
-            raise UsageError(f"{path}: line {n} is not a sha256sum line: {raw[:80]!r}",
-                             hint="the copy's manifest was edited; copy it again")
-        name = name[1:]
-        digests[_unescape(name) if escaped else name] = digest.lower()
-    return digests
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{path}: cannot read the manifest (not a regular file)")
+        os.set_blocking(fd, True)
+        for n, line in enumerate(f, 1):
+            raw = os.fsdecode(line[:-1] if line.endswith(b"\n") else line)
+            if not raw:
+                continue
+            escaped = raw.startswith("\\")
+            body = raw[1:] if escaped else raw
+            digest, sep, name = body.partition(" ")
+            if not sep or len(digest) != 64 or not name or name[0] not in " *":
+                raise UsageError(f"{path}: line {n} is not a sha256sum line: {raw[:80]!r}",
+                                 hint="the copy's manifest was edited; copy it again")
+            name = name[1:]
+            yield (_unescape(name) if escaped else name), digest.lower()

@@ -16,10 +16,11 @@ import os
 from collections.abc import Iterable, Iterator
 
 from hotcache.provision.hotcopy.format import MANIFEST
+from hotcache.provision.hotcopy.format import iter_manifest as iter_lines
 from hotcache.provision.hotcopy.format import read_manifest as read
 from hotcache.provision.system import beneath
 
-__all__ = ["line", "lines", "read", "text", "write"]
+__all__ = ["iter_lines", "line", "lines", "read", "text", "write"]
 
 _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
 

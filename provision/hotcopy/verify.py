@@ -13,8 +13,9 @@ import json
 import os
 import random
 import stat
+from array import array
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
@@ -80,22 +81,52 @@ def hash_files(root_fd: int, pairs: Iterable[tuple[str, str]], jobs: int,
     return problems
 
 
-def _present(root_fd: int) -> dict[str, int]:
-    """{rel: size} of every regular file in DEST except hotcache's own (and, on a
-    mountpoint, lost+found and an unfinished refresh's staging folder); other kinds
-    (symlinks, FIFOs) get size -1 so that they count as wrong."""
-    found = {}
-    for top, dirs, files, fd in beneath.walk(root_fd):
-        if not top:
-            dirs[:] = [d for d in dirs if d != "lost+found" and not d.endswith(STAGING_SUFFIX)]
-        for name in files + [d for d in dirs
-                             if stat.S_ISLNK(os.stat(d, dir_fd=fd, follow_symlinks=False).st_mode)]:
-            rel = f"{top}/{name}" if top else name
-            if rel in RESERVED:
-                continue
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            found[rel] = st.st_size if stat.S_ISREG(st.st_mode) else -1
-    return found
+def _present(root_fd: int, top: str = "") -> Iterator[tuple[str, int]]:
+    """(rel, size) of every file in DEST in path order (the manifest's), one at a time,
+    except hotcache's own (and, on a mountpoint, lost+found and an unfinished refresh's
+    staging folder); other kinds (symlinks, FIFOs) get size -1 so that they count as
+    wrong. Folders are opened beneath their parent with no symlink followed; one that is
+    not the folder listed (swapped meanwhile) counts as wrong too, never entered."""
+    listed = []
+    for name in os.listdir(root_fd):
+        st = os.stat(name, dir_fd=root_fd, follow_symlinks=False)
+        folder = stat.S_ISDIR(st.st_mode)
+        if not top and folder and (name == "lost+found" or name.endswith(STAGING_SUFFIX)):
+            continue
+        if not top and name in RESERVED:
+            continue
+        listed.append((name + "/" if folder else name, name, st))
+    listed.sort()
+    for key, name, st in listed:
+        rel = f"{top}/{name}" if top else name
+        if not key.endswith("/"):
+            yield rel, st.st_size if stat.S_ISREG(st.st_mode) else -1
+            continue
+        try:
+            sub = beneath.open_at(root_fd, name, beneath.DIR)
+        except OSError:
+            yield rel, -1
+            continue
+        try:
+            if beneath.same(os.fstat(sub), st):
+                yield from _present(sub, rel)
+            else:
+                yield rel, -1
+        finally:
+            os.close(sub)
+
+
+def _manifest(root: int) -> Callable[[], Iterator[tuple[str, str]]]:
+    """A way to read the manifest's (path, sha256) pairs in path order, as often as
+    needed. hotcache writes its manifests in path order: they are streamed from the file.
+    One written some other way (sha256sum by hand) is read whole and sorted."""
+    last = None
+    for rel, _digest in manifest.iter_lines(MANIFEST, dir_fd=root):
+        if last is not None and rel <= last:
+            digests = manifest.read(MANIFEST, dir_fd=root)
+            return lambda: ((r, digests[r]) for r in sorted(digests))
+        last = rel
+    return lambda: manifest.iter_lines(MANIFEST, dir_fd=root)
 
 
 def verify(dest: Path, mode: str = "fast", sample: int = 0, jobs: int = 0,
@@ -118,35 +149,69 @@ def verify(dest: Path, mode: str = "fast", sample: int = 0, jobs: int = 0,
 
 
 def _verify(dest, root, meta, mode, sample, jobs, meter, state, record) -> dict:
-    digests = manifest.read(MANIFEST, dir_fd=root)
-    present = _present(root)
-    problems: list[dict] = []
-    for rel in sorted(set(digests) - set(present)):
-        problems.append({"path": rel, "problem": "missing"})
-    for rel in sorted(set(present) - set(digests)):
-        problems.append({"path": rel, "problem": "not in the manifest"})
-    for rel in sorted(r for r in digests if present.get(r) == -1):
-        problems.append({"path": rel, "problem": "not a regular file"})
-    total = sum(s for s in present.values() if s > 0)
-    if len(digests) != meta.get("files"):
-        problems.append({"path": MANIFEST, "problem": f"lists {len(digests)} files, the "
+    """The manifest and DEST's files are both read in path order and compared as they
+    come (a merge): what is kept per file is its size (8 bytes), not a Python object."""
+    pairs = _manifest(root)
+    missing: list[str] = []
+    extra: list[str] = []
+    odd: list[str] = []
+    sizes = array("q")        # per manifest line: the file's size here, -1 if unusable
+    total = 0
+    have = _present(root)
+    cur = next(have, None)
+    for rel, _digest in pairs():
+        while cur is not None and cur[0] < rel:
+            extra.append(cur[0])
+            total += max(cur[1], 0)
+            cur = next(have, None)
+        if cur is not None and cur[0] == rel:
+            size = cur[1]
+            total += max(size, 0)
+            cur = next(have, None)
+            if size < 0:
+                odd.append(rel)
+        else:
+            missing.append(rel)
+            size = -1
+        sizes.append(size)
+    while cur is not None:
+        extra.append(cur[0])
+        total += max(cur[1], 0)
+        cur = next(have, None)
+    problems: list[dict] = [{"path": r, "problem": "missing"} for r in missing]
+    problems += [{"path": r, "problem": "not in the manifest"} for r in extra]
+    problems += [{"path": r, "problem": "not a regular file"} for r in odd]
+    files = len(sizes)
+    if files != meta.get("files"):
+        problems.append({"path": MANIFEST, "problem": f"lists {files} files, the "
                          f"metadata says {meta.get('files')}"})
     if total != meta.get("bytes") and not problems:
         problems.append({"path": ".", "problem": f"holds {total} bytes, the metadata says "
                          f"{meta.get('bytes')} (a file changed size)"})
-    checkable = sorted(r for r in digests if present.get(r, -1) >= 0)
+    checkable_count = sum(1 for s in sizes if s >= 0)
     if mode == "full":
-        to_hash = checkable
+        picked = None                 # every checkable file
+        count = checkable_count
     elif mode == "sample":
-        to_hash = sorted(random.SystemRandom().sample(checkable, min(sample, len(checkable))))
+        count = min(sample, checkable_count)
+        picked = set(random.SystemRandom().sample(range(checkable_count), count))
     else:
-        to_hash = []
-    meter.start(f"verify {dest.name} ({mode})", sum(present[r] for r in to_hash),
-                len(to_hash))
-    problems.extend(hash_files(root, ((r, digests[r]) for r in to_hash), jobs, meter))
+        picked, count = set(), 0
+
+    def chosen() -> Iterator[tuple[int, str, str]]:
+        k = 0
+        for i, (rel, digest) in enumerate(pairs()):
+            if i < files and sizes[i] >= 0:
+                if picked is None or k in picked:
+                    yield i, rel, digest
+                k += 1
+
+    meter.start(f"verify {dest.name} ({mode})", sum(sizes[i] for i, _r, _d in chosen()),
+                count)
+    problems.extend(hash_files(root, ((r, d) for _i, r, d in chosen()), jobs, meter))
     ok = not problems
     report = {"path": str(dest), "name": meta.get("name"), "version": meta.get("version"),
-              "mode": mode, "files": len(digests), "bytes": total, "hashed_files": len(to_hash),
+              "mode": mode, "files": files, "bytes": total, "hashed_files": count,
               "ok": ok, "problems": problems, "verified_at": now(), "recorded": False}
     if record:
         report["recorded"] = _record(dest, root, meta, report, state)

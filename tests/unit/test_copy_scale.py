@@ -9,10 +9,11 @@ import os
 import tracemalloc
 from pathlib import Path
 
-from hotcache.provision.hotcopy import copier
+from hotcache.provision.hotcopy import copier, verify
 from hotcache.provision.hotcopy.selection import Entries, Entry, iter_walk, walk
 
 PER_FILE_LIMIT = 400    # bytes; a Python object per file (the old way) costs over 1000
+VERIFY_PER_FILE_LIMIT = 200   # the old way (dicts and sets by path): about 500
 
 
 def tiny_files(root: Path, n: int, folders: int = 50) -> Path:
@@ -37,7 +38,20 @@ def copy_peak(src: Path, dest: Path) -> int:
     return peak - before
 
 
-def test_copy_memory_grows_far_slower_than_the_file_count(tmp_path, monkeypatch):
+def verify_peak(dest: Path) -> int:
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        report = verify.verify(dest, "full", jobs=1, record=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert report["ok"] and report["hashed_files"] == report["files"], report
+    return peak - before
+
+
+def test_copy_and_verify_memory_grow_far_slower_than_the_file_count(tmp_path, monkeypatch):
     # A checkpoint every 256 files: the journal's pending lines stay bounded by that,
     # so what remains is what the copy keeps per file.
     monkeypatch.setattr(copier, "CHECKPOINT_FILES", 256)
@@ -48,6 +62,36 @@ def test_copy_memory_grows_far_slower_than_the_file_count(tmp_path, monkeypatch)
     large = copy_peak(tiny_files(tmp_path / "large", 10 * n), tmp_path / "large-copy")
     per_file = (large - small) / (9 * n)
     assert per_file < PER_FILE_LIMIT, (small, large, per_file)
+    verify_peak(tmp_path / "warm-copy")
+    small = verify_peak(tmp_path / "small-copy")
+    large = verify_peak(tmp_path / "large-copy")
+    per_file = (large - small) / (9 * n)
+    assert per_file < VERIFY_PER_FILE_LIMIT, (small, large, per_file)
+
+
+def test_verify_compares_in_path_order_and_takes_a_manifest_in_any_order(tmp_path):
+    """A manifest written by hand in another order (sha256sum's) verifies alike; missing,
+    extra and not-regular files are found by the merge of the two sorted streams."""
+    src = tmp_path / "src"
+    for rel in ("a/1", "a/2", "b/1", "c"):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(rel)
+    dest = tmp_path / "dest"
+    copier.copy(src, dest, copier.CopyOptions(space_check=False))
+    sums = dest / "SHA256SUMS"
+    sums.write_text("".join(reversed(sums.read_text().splitlines(keepends=True))))
+    assert verify.verify(dest, "full", record=False)["ok"]
+    (dest / "a" / "2").unlink()
+    (dest / "a" / "0").write_text("extra")
+    (dest / "b" / "1").unlink()
+    (dest / "b" / "1").symlink_to("../c")
+    for order in (reversed, list):
+        lines = sorted(sums.read_text().splitlines(keepends=True))
+        sums.write_text("".join(order(lines)))
+        report = verify.verify(dest, "full", record=False)
+        assert [(p["path"], p["problem"]) for p in report["problems"]][:3] == [
+            ("a/2", "missing"), ("a/0", "not in the manifest"), ("b/1", "not a regular file")]
+        assert report["hashed_files"] == 2 and not report["ok"]
 
 
 def test_the_walk_yields_files_one_at_a_time_in_manifest_order(tmp_path):
