@@ -57,7 +57,9 @@ class Candidate:
 
 
 def tree_bytes(path: Path, seen: set) -> int:
-    """Bytes on disk of the files under `path` (each inode once, links not followed)."""
+    """Bytes on disk of the files under `path` (each inode once, links not followed).
+    Only an inode with more than one name can be met twice, so only those go into
+    `seen`: a copy of millions of files keeps no entry per file."""
     total = 0
     for dirpath, dirnames, filenames in os.walk(path):
         for name in filenames + dirnames:
@@ -65,7 +67,9 @@ def tree_bytes(path: Path, seen: set) -> int:
                 st = os.lstat(os.path.join(dirpath, name))
             except OSError:
                 continue
-            if (st.st_dev, st.st_ino) not in seen:
+            if st.st_nlink == 1 and not stat.S_ISDIR(st.st_mode):
+                total += st.st_blocks * 512
+            elif (st.st_dev, st.st_ino) not in seen:
                 seen.add((st.st_dev, st.st_ino))
                 total += st.st_blocks * 512
     return total
