@@ -424,7 +424,7 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: Plan, opts, owner, m
     for folder in sorted(folders):
         os.close(beneath.makedirs(staging.fd, folder, 0o700))
     del folders
-    digests = bytearray(plan.known)
+    digests = plan.known   # filled in place: the known ones are already there
 
     def work():
         for i, kind in enumerate(kinds):
