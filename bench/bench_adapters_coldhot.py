@@ -21,7 +21,7 @@ from bench_adapters_data import make_dataset_on_disk
 
 from hotcache.adapters.compare import run_root, table
 from hotcache.provision.system.runner import Runner
-from tests.unit.adapters_helpers import write_hot_copy
+from tests.unit.adapters.helpers import write_hot_copy
 
 
 def main() -> None:

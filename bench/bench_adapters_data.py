@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))      # tests.unit.adapters_helpers writes hot copies by hand
+sys.path.insert(0, str(ROOT))      # tests.unit.adapters.helpers writes hot copies by hand
 
 
 def make_dataset_on_disk(root: Path, images: int, size: int = 256, classes: int = 4,

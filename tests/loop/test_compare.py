@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.loop.test_warm import resident
-from tests.unit.adapters_helpers import make_jpegs, write_hot_copy
+from tests.unit.adapters.helpers import make_jpegs, write_hot_copy
 
 pytestmark = pytest.mark.root
 COMPARE = [sys.executable, "-m", "hotcache.adapters.compare"]

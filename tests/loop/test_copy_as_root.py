@@ -18,7 +18,7 @@ from hotcache.provision.errors import HotcacheError, RefusedError
 from hotcache.provision.hotcopy import copier, filecopy
 from tests.helpers import HOTCACHE, hotcache, hotcache_json, loop_spec
 from tests.loop.test_copy_xfs import fill_until, small_xfs
-from tests.unit.test_copy import make_dataset, sha256sum_check, tree
+from tests.unit.hotcopy.test_copy import make_dataset, sha256sum_check, tree
 
 pytestmark = pytest.mark.root
 

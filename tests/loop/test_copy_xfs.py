@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.helpers import hotcache, hotcache_json, loop_spec
-from tests.unit.test_copy import make_dataset, sha256sum_check, tree
+from tests.unit.hotcopy.test_copy import make_dataset, sha256sum_check, tree
 
 pytestmark = pytest.mark.root
 

@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import hotcache_json
 from tests.loop.test_copy_xfs import fill_until, free_bytes, small_xfs
-from tests.unit.test_copy import make_dataset
+from tests.unit.hotcopy.test_copy import make_dataset
 
 pytestmark = pytest.mark.root
 

@@ -30,7 +30,7 @@ from hotcache.provision.hotcopy import format as hotcopy_format
 from hotcache.provision.observe import nodelabels
 from tests import kubecheck
 from tests.helpers import hotcache, loop_spec, write_spec
-from tests.unit.test_copy import make_dataset
+from tests.unit.hotcopy.test_copy import make_dataset
 
 pytestmark = pytest.mark.root
 

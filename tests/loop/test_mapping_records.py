@@ -51,7 +51,7 @@ def test_the_mapping_a_real_apply_wrote_saves_back_unchanged(sandbox):
     loads and saves back line for line (only `updated:` moves on)."""
     from hotcache.provision import mapping
     from hotcache.provision.hotcopy.catalog import RECORDED
-    from tests.unit.test_copy import make_dataset
+    from tests.unit.hotcopy.test_copy import make_dataset
 
     spec = sandbox / "spec.yaml"
     spec.write_text(loop_spec(sandbox))

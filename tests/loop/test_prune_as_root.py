@@ -15,7 +15,7 @@ from hotcache.provision.hotcopy import prune
 from hotcache.provision.system import beneath
 from tests.helpers import hotcache_json
 from tests.loop.test_copy_as_root import shared  # noqa: F401  (fixture)
-from tests.unit.adapters_helpers import write_hot_copy
+from tests.unit.adapters.helpers import write_hot_copy
 
 pytestmark = pytest.mark.root
 
@@ -105,7 +105,7 @@ def test_roots_recorded_copy_renamed_to_a_leftover_name_is_not_deleted(sandbox, 
     staging name: prune knows it by the inode the mapping records and keeps it."""
     from tests.helpers import hotcache
     from tests.loop.test_kube_loop import build
-    from tests.unit.test_copy import make_dataset
+    from tests.unit.hotcopy.test_copy import make_dataset
 
     mp = build(sandbox)
     os.chown(mp, 0, user.pw_gid)

@@ -12,7 +12,7 @@ import pytest
 from hotcache.provision.hotcopy import copier, verify
 from hotcache.provision.system import beneath
 from tests.loop.test_copy_as_root import shared, snapshot  # noqa: F401  (a fixture)
-from tests.unit.test_copy import make_dataset
+from tests.unit.hotcopy.test_copy import make_dataset
 
 pytestmark = pytest.mark.root
 

@@ -16,7 +16,7 @@ from hotcache.provision.hotcopy import format as hotcopy_format
 from hotcache.provision.observe import nodelabels
 from tests.helpers import hotcache
 from tests.loop.test_kube_loop import build, labels_now
-from tests.unit.test_copy import make_dataset
+from tests.unit.hotcopy.test_copy import make_dataset
 
 pytestmark = pytest.mark.root
 

@@ -17,7 +17,7 @@ from hotcache.provision.observe.warm import warm
 from hotcache.provision.errors import ExitCode
 from tests.helpers import hotcache, hotcache_json
 from tests.loop.test_copy_xfs import small_xfs
-from tests.unit.test_copy import make_dataset
+from tests.unit.hotcopy.test_copy import make_dataset
 
 pytestmark = pytest.mark.root
 

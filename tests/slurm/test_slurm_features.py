@@ -19,7 +19,7 @@ import pytest
 from tests.helpers import hotcache
 from tests.loop.test_kube_loop import build
 from tests.slurm.conftest import wait_for
-from tests.unit.test_copy import make_dataset
+from tests.unit.hotcopy.test_copy import make_dataset
 
 pytestmark = pytest.mark.root
 
