@@ -187,25 +187,36 @@ class Plan:
 
 
 def make_plan(entries: Entries, dest: Path, journal: dict, checksum: bool) -> Plan:
+    """The selection (in path order) merged with the published copy's manifest (read in
+    path order, a line at a time): nothing is held per file of the old copy."""
     old = read_metadata(dest) if dest.is_dir() else None
-    old_digests = manifest.read(dest / MANIFEST) if old else {}
     n = len(entries)
-    plan = Plan(entries, bytearray(n), bytearray(DIGEST * n), old,
-                len(old_digests) == n)
+    plan = Plan(entries, bytearray(n), bytearray(DIGEST * n), old, old is not None)
     failed = set((old or {}).get("verify_failed") or ())
+    published = _in_path_order(dest / MANIFEST) if old else iter(())
+    cur = next(published, None)
+    old_files = 0
     for i, e in enumerate(entries):
+        while cur is not None and cur[0] < e.rel:
+            old_files += 1
+            cur = next(published, None)
+        old_digest = None
+        if cur is not None and cur[0] == e.rel:
+            old_digest = cur[1]
+            old_files += 1
+            cur = next(published, None)
+        else:
+            plan.same_names = False
         done = journal.get(e.rel)
         digest = None
-        if e.rel not in old_digests:
-            plan.same_names = False
         if done and done[:2] == (e.size, e.mtime_ns):
             kind, digest = RESUMED, done[2]
         elif e.rel in failed:
             kind = COPY   # `hotcache verify` found it damaged: copy it afresh
-        elif e.rel in old_digests and checksum:
-            kind, digest = CHECK, old_digests[e.rel]
-        elif e.rel in old_digests and _unchanged(dest / e.rel, e):
-            kind, digest = LINK, old_digests[e.rel]
+        elif old_digest is not None and checksum:
+            kind, digest = CHECK, old_digest
+        elif old_digest is not None and _unchanged(os.path.join(dest, e.rel), e):
+            kind, digest = LINK, old_digest
         else:
             kind = COPY
         plan.kinds[i] = kind
@@ -213,10 +224,28 @@ def make_plan(entries: Entries, dest: Path, journal: dict, checksum: bool) -> Pl
         plan.sizes[kind] += e.size
         if digest is not None:
             plan.known[i * DIGEST:(i + 1) * DIGEST] = bytes.fromhex(digest)
+    while cur is not None:
+        old_files += 1
+        cur = next(published, None)
+    plan.same_names = plan.same_names and old_files == n
     return plan
 
 
-def _unchanged(published: Path, e: Entry) -> bool:
+def _in_path_order(path: Path) -> Iterator[tuple[str, str]]:
+    """A manifest's (path, sha256) pairs in path order: streamed when the file is in
+    that order (hotcache writes it so), else read whole and sorted."""
+    last = None
+    for rel, _digest in manifest.iter_lines(path):
+        if last is not None and rel <= last:
+            digests = manifest.read(path)
+            return ((r, digests[r]) for r in sorted(digests))
+        last = rel
+    return manifest.iter_lines(path)
+
+
+def _unchanged(published: str, e: Entry) -> bool:
+    """`published` is a str, not a Path: pathlib interns each part of a path, and
+    interning millions of names grows the interpreter's table for good."""
     try:
         st = os.lstat(published)
     except OSError:

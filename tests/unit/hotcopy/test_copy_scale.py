@@ -38,6 +38,16 @@ def copy_peak(src: Path, dest: Path) -> int:
     return peak - before
 
 
+def refresh_peak(src: Path, dest: Path) -> int:
+    """A refresh after one file changed: every other file is linked from the published
+    copy, whose manifest is merged with the selection."""
+    changed = next(src.rglob("*.bin"))
+    changed.write_bytes(b"changed")
+    peak = copy_peak(src, dest)
+    assert copier.read_metadata(dest)["version"] == "2"
+    return peak
+
+
 def verify_peak(dest: Path) -> int:
     tracemalloc.start()
     try:
@@ -62,6 +72,10 @@ def test_copy_and_verify_memory_grow_far_slower_than_the_file_count(tmp_path, mo
     large = copy_peak(tiny_files(tmp_path / "large", 10 * n), tmp_path / "large-copy")
     per_file = (large - small) / (9 * n)
     assert per_file < PER_FILE_LIMIT, (small, large, per_file)
+    small = refresh_peak(tmp_path / "small", tmp_path / "small-copy")
+    large = refresh_peak(tmp_path / "large", tmp_path / "large-copy")
+    per_file = (large - small) / (9 * n)
+    assert per_file < PER_FILE_LIMIT, ("refresh", small, large, per_file)
     verify_peak(tmp_path / "warm-copy")
     small = verify_peak(tmp_path / "small-copy")
     large = verify_peak(tmp_path / "large-copy")
