@@ -46,95 +46,126 @@ def current_node(entry: CacheEntry, role: str = "origin", runner: Runner | None 
     return recorded.current_node(entry, role, Host(runner))
 
 
-def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
-                 host: Host | None = None) -> dict:
-    host = host or Host(runner)
-    fs = entry.filesystem
-    mp = fs.mountpoint
-    problems: list[Problem] = []
-    ssd_problems: list[Problem] = []       # the cache device's: superseded by a failure
+class _Findings:
+    """What status found wrong with one cache, in order. When the cache device failed,
+    its own findings (unproven, missing, unreadable) give way to the one failure that
+    explains them."""
 
-    def found_problem(code: Code, message: str, role: str | None = None) -> None:
-        problems.append(Problem(code, message))
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+        self._ssd: list[Problem] = []
+
+    def add(self, code: Code, message: str, role: str | None = None) -> None:
+        self.problems.append(Problem(code, message))
         if role == "cache":
-            ssd_problems.append(problems[-1])
+            self._ssd.append(self.problems[-1])
 
+    def cache_failed(self, message: str) -> None:
+        self.problems[:] = [p for p in self.problems if p not in self._ssd]
+        self.add(Code.CACHE_FAILED, message)
+
+
+def _devices(name: str, entry: CacheEntry, host: Host, found: _Findings) -> dict:
+    """Each recorded device found by its identity: role -> {node, present}."""
     devices: dict[str, dict[str, Any]] = {}
     for role in entry.devices:
         try:
-            found, why = recorded.locate(entry, role, host, cache=name), Code.DEVICE_UNPROVEN
+            where, why = recorded.locate(entry, role, host, cache=name), Code.DEVICE_UNPROVEN
         except HotcacheError as exc:
-            found = recorded.Found(role, problem=f"{role} device: {exc.message}")
+            where = recorded.Found(role, problem=f"{role} device: {exc.message}")
             why = Code.DEVICE_UNREADABLE
-        devices[role] = {"node": found.node, "present": found.node is not None}
-        if found.problem:
-            found_problem(why, found.problem, role)
-        elif found.node is None:
-            found_problem(Code.DEVICE_MISSING,
-                          f"{role} device is missing ({_describe(entry, role)})", role)
-        if found.moved:
-            found_problem(Code.DEVICE_RENAMED, found.moved, role)
+        devices[role] = {"node": where.node, "present": where.node is not None}
+        if where.problem:
+            found.add(why, where.problem, role)
+        elif where.node is None:
+            found.add(Code.DEVICE_MISSING,
+                      f"{role} device is missing ({_describe(entry, role)})", role)
+        if where.moved:
+            found.add(Code.DEVICE_RENAMED, where.moved, role)
+    return devices
+
+
+def _mount(host: Host, entry: CacheEntry, failed: dict | None, found: _Findings) -> dict:
+    """The mount at the recorded mountpoint: options, filesystem, space."""
+    fs = entry.filesystem
+    mp = fs.mountpoint
+    facts: dict[str, Any] = {"mounted": False, "noatime": False, "fs_uuid_matches": False,
+                             "options": [], "size_bytes": None, "used_bytes": None,
+                             "free_bytes": None}
+    mount = blockdev.mount_at(host, mp) if mp else None
+    if mount is None:
+        found.add(Code.NOT_MOUNTED, f"not mounted at {mp}")
+        return facts
+    facts["mounted"] = True
+    facts["options"] = list(mount.options)
+    facts["noatime"] = "noatime" in mount.options
+    if not facts["noatime"]:
+        found.add(Code.NO_NOATIME, f"{mp} is mounted without noatime (every read "
+                  "writes); run `hotcache apply` to remount it")
+    missing = [o for o in fs.options or [] if o not in mount.options and o != "noatime"]
+    if missing:
+        found.add(Code.MOUNT_OPTIONS_MISSING, f"{mp} is mounted without {','.join(missing)}")
+    if os.path.exists(mount.source) and not failed:   # blkid could hang on a failed one
+        got = blockdev.fs_identity(host, mount.source).get("UUID")
+        facts["fs_uuid_matches"] = got == fs.uuid
+        if not facts["fs_uuid_matches"]:
+            found.add(Code.WRONG_FILESYSTEM,
+                      f"{mp} holds filesystem {got}, not the recorded {fs.uuid}")
+    st = os.statvfs(mp)
+    facts["size_bytes"] = st.f_blocks * st.f_frsize
+    facts["free_bytes"] = st.f_bavail * st.f_frsize
+    facts["used_bytes"] = (st.f_blocks - st.f_bfree) * st.f_frsize
+    return facts
+
+
+def _persistent(name: str, entry: CacheEntry, fstab_file, found: _Findings) -> bool | None:
+    """Whether the fstab the cache was recorded in still mounts it at boot (None: the
+    cache was not made persistent)."""
+    recorded_in = entry.persist and entry.persist.fstab
+    if not recorded_in:
+        return None
+    fs = entry.filesystem
+    line = fstab.read_entry(fstab.fstab_path(str(fstab_file or recorded_in)), name,
+                            fs.uuid, [fs.mountpoint])
+    if line is None:
+        found.add(Code.NOT_IN_FSTAB, f"no fstab entry for it in {fstab_file or recorded_in}; "
+                  "it will not be mounted at boot")
+    return line is not None
+
+
+def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
+                 host: Host | None = None) -> dict:
+    host = host or Host(runner)
+    found = _Findings()
+    devices = _devices(name, entry, host, found)
     failed = cache_failure(entry, host, {r: d["node"] for r, d in devices.items()})
     if failed:
-        problems[:] = [p for p in problems if p not in ssd_problems]
-        found_problem(Code.CACHE_FAILED, failed["message"])
+        found.cache_failed(failed["message"])
     if entry.state != "ready":
-        found_problem(Code.APPLY_UNFINISHED, f"state is {entry.state!r}: an apply did "
-                      "not finish; run `hotcache apply` again")
+        found.add(Code.APPLY_UNFINISHED, f"state is {entry.state!r}: an apply did "
+                  "not finish; run `hotcache apply` again")
     cached = entry.cached_device
     if entry.backend == "none":
         cached = devices.get("origin", {}).get("node")
-    mount = blockdev.mount_at(host, mp) if mp else None
     result: dict[str, Any] = {
         "name": name, "backend": entry.backend, "mode": entry.mode,
         "state": entry.state, "devices": devices, "cached_device": cached,
-        "mountpoint": mp, "mounted": False, "noatime": False, "fs_uuid_matches": False,
-        "options": [], "size_bytes": None, "used_bytes": None, "free_bytes": None,
-        "persistent": None, "cache_failed": failed,
+        "mountpoint": entry.filesystem.mountpoint,
+        **_mount(host, entry, failed, found),
+        "persistent": _persistent(name, entry, fstab_file, found), "cache_failed": failed,
     }
-    if mount is None:
-        found_problem(Code.NOT_MOUNTED, f"not mounted at {mp}")
-    else:
-        result["mounted"] = True
-        result["options"] = list(mount.options)
-        result["noatime"] = "noatime" in mount.options
-        if not result["noatime"]:
-            found_problem(Code.NO_NOATIME, f"{mp} is mounted without noatime (every read "
-                          "writes); run `hotcache apply` to remount it")
-        missing = [o for o in fs.options or [] if o not in mount.options and o != "noatime"]
-        if missing:
-            found_problem(Code.MOUNT_OPTIONS_MISSING,
-                          f"{mp} is mounted without {','.join(missing)}")
-        if os.path.exists(mount.source) and not failed:   # blkid could hang on it
-            got = blockdev.fs_identity(host, mount.source).get("UUID")
-            result["fs_uuid_matches"] = got == fs.uuid
-            if not result["fs_uuid_matches"]:
-                found_problem(Code.WRONG_FILESYSTEM,
-                              f"{mp} holds filesystem {got}, not the recorded {fs.uuid}")
-        st = os.statvfs(mp)
-        result["size_bytes"] = st.f_blocks * st.f_frsize
-        result["free_bytes"] = st.f_bavail * st.f_frsize
-        result["used_bytes"] = (st.f_blocks - st.f_bfree) * st.f_frsize
-    fstab_file_recorded = entry.persist and entry.persist.fstab
-    if fstab_file_recorded:
-        line = fstab.read_entry(fstab.fstab_path(str(fstab_file or fstab_file_recorded)), name,
-                                fs.uuid, [fs.mountpoint])
-        result["persistent"] = line is not None
-        if not result["persistent"]:
-            found_problem(Code.NOT_IN_FSTAB, f"no fstab entry for it in "
-                          f"{fstab_file or fstab_file_recorded}; it will not be mounted at boot")
-    if entry.backend != "none" and not problems:
+    if entry.backend != "none" and not found.problems:
         try:
             nodes = {role: d["node"] for role, d in devices.items()}
             result["cache"] = get_backend(entry.backend, host).stats(entry, nodes)
         except (HotcacheError, OSError, ValueError, KeyError) as exc:
-            found_problem(Code.STATS_UNREADABLE, f"cannot read cache statistics: {exc}")
+            found.add(Code.STATS_UNREADABLE, f"cannot read cache statistics: {exc}")
     result["working_set"] = working_set(result, entry)
     # `problems` (the messages) is what status has always printed; `findings` adds the
     # code of each, for doctor and for scripts reading --json.
-    result["problems"] = [p.message for p in problems]
-    result["findings"] = [{"code": p.code.value, "message": p.message} for p in problems]
-    result["ok"] = not problems
+    result["problems"] = [p.message for p in found.problems]
+    result["findings"] = [{"code": p.code.value, "message": p.message} for p in found.problems]
+    result["ok"] = not found.problems
     return result
 
 
