@@ -122,7 +122,7 @@ def parse_owner(owner: str | None) -> tuple[int, int] | None:
             gid = pwd.getpwuid(uid).pw_gid          # the user's own group
     except KeyError:
         uid = None
-    if found.missing or uid is None:
+    if found.missing or uid is None or gid is None:
         raise UsageError(f"--owner {owner}: no such user or group on this host",
                          hint="give user:group as names or numbers, e.g. --owner train:train")
     if os.geteuid() != 0 and uid != os.geteuid():
@@ -302,16 +302,32 @@ class Place:
             place.mountpoint = st.st_dev != os.fstat(place.parent_fd).st_dev
         return place
 
+    @property
+    def dest_dir(self) -> int:
+        """DEST's descriptor, held since the start (DEST was there: a refresh or a
+        mountpoint)."""
+        if self.dest_fd is None:
+            raise RuntimeError(f"{self.dest} was not there when the copy began")
+        return self.dest_fd
+
+    @property
+    def dest_stat(self) -> os.stat_result:
+        if self.dest_st is None:
+            raise RuntimeError(f"{self.dest} was not there when the copy began")
+        return self.dest_st
+
     def staging(self) -> Staging:
-        holder = self.dest_fd if self.mountpoint else self.parent_fd
+        holder = self.dest_dir if self.mountpoint else self.parent_fd
         return Staging((self.dest if self.mountpoint else self.dest.parent)
                        / staging_dir(self.dest).name, holder)
 
     def close(self) -> None:
-        for fd in (self.dest_fd, self.parent_fd):
-            if fd is not None:
-                os.close(fd)
-        self.dest_fd = self.parent_fd = None
+        if self.dest_fd is not None:
+            os.close(self.dest_fd)
+            self.dest_fd = None
+        if self.parent_fd >= 0:
+            os.close(self.parent_fd)
+            self.parent_fd = -1
 
 
 def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = None) -> dict:
@@ -370,20 +386,22 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> d
                "skipped": sel.warnings, **sel.coverage,
                **({"fit": sel.rule} if sel.rule else {}), "sizing": sizing.to_dict()}
     try:
-        if _same(plan, opts, name) and not plan.counts[CHECK] and opts.version in (None, old["version"]):
+        if old is not None and _same(plan, opts, name) and not plan.counts[CHECK] and \
+                opts.version in (None, old["version"]):
             return {**summary, "version": old["version"], "changed": False}
         if opts.space_check:
             check_space(dest, plan.copy_bytes, opts.margin, staging.parent_fd, sizing)
         if opts.dry_run:
             return {**summary, "version": opts.version or next_version(old), "changed": False,
                     "dry_run": True}
-        existed = staging.fd is not None
+        existed = staging.is_open
         staging.create(src)
         if existed:
             staging.prune(_resumed(plan))
         digests, recopied = _run(src, src_fd, place, staging, plan, opts, owner, mode, meter)
         summary["copied_files"] += recopied
-        if _same(plan, opts, name) and not recopied and opts.version in (None, old["version"]):
+        if old is not None and _same(plan, opts, name) and not recopied and \
+                opts.version in (None, old["version"]):
             staging.remove()   # --checksum found nothing new: keep what is published
             return {**summary, "version": old["version"], "changed": False}
         version = opts.version or next_version(old)
@@ -399,7 +417,7 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> d
         # Only now, with DEST in place, does the top folder get its owner and mode: until
         # the rename it stays root's 0700, so nobody can move it or change what it holds.
         # A mountpoint DEST keeps its own unless --owner/--mode say otherwise.
-        top = place.dest_fd if place.mountpoint else staging.fd
+        top = place.dest_dir if place.mountpoint else staging.fd
         if owner:
             os.fchown(top, *owner)
         if mode is not None or not place.mountpoint:
@@ -622,7 +640,7 @@ def _publish(staging: Staging, place: Place, meter: NullMeter) -> None:
                            f"{stat.filemode(now_st.st_mode)[0]!r} owned by uid "
                            f"{now_st.st_uid}); nothing was published",
                            hint="make sure nobody else writes there; run again")
-    elif not os.listdir(place.dest_fd):
+    elif not os.listdir(place.dest_dir):
         beneath.rename_at(pfd, staging.name, pfd, dest.name)   # replaces the empty folder
     else:
         try:
@@ -637,8 +655,8 @@ def _publish(staging: Staging, place: Place, meter: NullMeter) -> None:
             beneath.rename_at(pfd, staging.name, pfd, dest.name, beneath.RENAME_NOREPLACE)
         os.fsync(pfd)
         try:   # the old tree, through the descriptor held since the start
-            beneath.empty(place.dest_fd)
-            beneath.rmdir_if(pfd, aside, place.dest_st)
+            beneath.empty(place.dest_dir)
+            beneath.rmdir_if(pfd, aside, place.dest_stat)
         except OSError as exc:
             meter.note(f"warning: the previous version could not be removed completely "
                        f"({exc}); remove {dest.parent / aside} yourself")
@@ -651,7 +669,7 @@ def _publish_into_mountpoint(staging: Staging, place: Place) -> None:
     stops being a complete hot copy) and comes back last, so a reader never takes a
     half-swapped DEST for a complete copy. Old entries are swapped into the staging
     folder and removed with it."""
-    dfd, sfd = place.dest_fd, staging.fd
+    dfd, sfd = place.dest_dir, staging.fd
     try:
         os.unlink(METADATA, dir_fd=dfd)
     except FileNotFoundError:

@@ -19,6 +19,7 @@ import json
 import os
 import pwd
 import stat
+from typing import TextIO
 from pathlib import Path
 
 from hotcache.provision.errors import RefusedError
@@ -44,9 +45,27 @@ class Staging:
         self.path = path
         self.name = path.name
         self.parent_fd = parent_fd
-        self.fd: int | None = None
-        self.st: os.stat_result | None = None
-        self._journal = None
+        self._fd: int | None = None
+        self._st: os.stat_result | None = None
+        self._journal: TextIO | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._fd is not None
+
+    @property
+    def fd(self) -> int:
+        """The staging folder's descriptor (after `open` or `create`)."""
+        if self._fd is None:
+            raise RuntimeError(f"{self.path}: the staging folder is not open")
+        return self._fd
+
+    @property
+    def st(self) -> os.stat_result:
+        """The staging folder as hotcache opened it."""
+        if self._st is None:
+            raise RuntimeError(f"{self.path}: the staging folder is not open")
+        return self._st
 
     # ------------------------------------------------------------ ours or refused
     def exists(self) -> bool:
@@ -79,13 +98,13 @@ class Staging:
             os.close(fd)
             raise RefusedError(f"{self.path} was replaced while hotcache looked at it",
                                hint="make sure nobody else writes there; run again") from None
-        self.fd, self.st = fd, st
+        self._fd, self._st = fd, st
         self.lock()
         return True
 
     def create(self, src: Path) -> None:
         """A new staging folder (mkdir; a folder already there is opened by `open`)."""
-        if self.fd is None:
+        if self._fd is None:
             os.mkdir(self.name, MODE, dir_fd=self.parent_fd)
             fd = beneath.open_at(self.parent_fd, self.name, beneath.DIR)
             # Between mkdir and open, a user who can write to the parent can rename the
@@ -100,7 +119,7 @@ class Staging:
             # the parent may be setgid (group-shared mounts are): take the folder back
             os.fchown(fd, os.geteuid(), os.getegid())
             os.fchmod(fd, MODE)
-            self.fd, self.st = fd, os.fstat(fd)
+            self._fd, self._st = fd, os.fstat(fd)
             self.lock()
         beneath.write_file(self.fd, HEADER, json.dumps({"source": os.fsdecode(src)}).encode(),
                            0o600)
@@ -118,9 +137,9 @@ class Staging:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     unlock = close
 
@@ -133,7 +152,7 @@ class Staging:
 
     def journaled(self) -> dict[str, tuple[int, int, str]]:
         """{rel: (size, mtime_ns, sha256)} of the files an earlier run finished."""
-        done = {}
+        done: dict[str, tuple[int, int, str]] = {}
         try:
             text = beneath.read_file(self.fd, JOURNAL).decode()
         except FileNotFoundError:
@@ -201,7 +220,7 @@ class Staging:
     def remove(self) -> None:
         """Delete the staging folder: its contents through its descriptor, then the name,
         only while the name still is this folder."""
-        if self.fd is None and not self.open():
+        if self._fd is None and not self.open():
             return
         try:
             beneath.empty(self.fd)
