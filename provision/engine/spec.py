@@ -207,6 +207,8 @@ def _structural(raw: Any, source: str) -> HostSpec:
 
 
 def _semantic(spec: HostSpec) -> list[str]:
+    """What the schema cannot say: each cache's fit with its backend and its
+    filesystem, and no name, device or mountpoint used twice."""
     problems: list[str] = []
     seen_names: dict[str, int] = {}
     seen_mounts: dict[str, int] = {}
@@ -216,71 +218,86 @@ def _semantic(spec: HostSpec) -> list[str]:
         if c.name in seen_names:
             problems.append(f"{at}.name: {c.name!r} is also the name of caches[{seen_names[c.name]}]")
         seen_names.setdefault(c.name, i)
-        backend = BACKENDS[c.backend]
-        if not backend.block_cache and c.cache is not None:
-            caches = ", ".join(n for n, b in BACKENDS.items() if b.block_cache)
-            problems.append(f"{at}.cache: backend {c.backend} puts XFS straight on `origin`; "
-                            f"remove `cache` or choose {caches}")
-        if backend.block_cache and c.cache is None:
-            problems.append(f"{at}.cache: backend {c.backend} needs a cache device (the SSD)")
-        if c.mode is not None and c.mode not in backend.modes:
-            problems.append(f"{at}.mode: {c.mode!r} is not a {c.backend} mode; "
-                            f"use one of {', '.join(backend.modes)}")
-        for key, value in c.tunables.items():
-            allowed = backend.tunables
-            if key not in allowed:
-                problems.append(f"{at}.tunables.{key}: not a {c.backend} tunable"
-                                + (f"; known: {', '.join(sorted(allowed))}" if allowed else ""))
-            elif not isinstance(value, allowed[key]) or isinstance(value, bool):
-                problems.append(f"{at}.tunables.{key}: must be {allowed[key].__name__}")
-            elif isinstance(value, int) and value < 0:     # an int tunable (checked above)
-                problems.append(f"{at}.tunables.{key}: must not be negative")
+        problems += _check_backend(at, c)
         for role, dev in c.devices().items():
             problems += _check_device(f"{at}.{role}", dev)
             key = os.path.realpath(dev.file)    # x/../a.img is a.img
             if key in seen_devices:
                 problems.append(f"{at}.{role}: {dev.label} is also used by {seen_devices[key]}")
             seen_devices.setdefault(key, f"{at}.{role}")
-        fs = c.filesystem
-        mp = os.path.normpath(fs.mountpoint)
-        for field, text in (("filesystem.mountpoint", fs.mountpoint),
-                            ("filesystem.label", fs.label),
-                            *((f"{role}.loop.file", d.loop.file) for role, d in
-                              c.devices().items() if d.loop),
-                            *((f"{role}.path", d.path) for role, d in c.devices().items()
-                              if d.path)):
-            if text is not None and _CONTROL.search(text):
-                problems.append(f"{at}.{field}: {text!r} contains a control character "
-                                "(newline, tab, ...); fstab, units and logs split on them. "
-                                "Rename it")
-        if not os.path.isabs(fs.mountpoint):
-            problems.append(f"{at}.filesystem.mountpoint: {fs.mountpoint!r} must be an absolute path")
-        elif mp in SYSTEM_DIRS:
-            problems.append(f"{at}.filesystem.mountpoint: {mp} is a system folder; "
-                            "mount the cache on its own folder such as /mnt/hot")
-        elif mp in seen_mounts:
-            problems.append(f"{at}.filesystem.mountpoint: {mp} is also used by "
-                            f"caches[{seen_mounts[mp]}]")
-        seen_mounts.setdefault(mp, i)
-        if fs.label is not None and (len(fs.label) > 12 or not fs.label.isprintable()
-                                     or " " in fs.label):
-            problems.append(f"{at}.filesystem.label: {fs.label!r} must be 1-12 characters "
-                            "without spaces (an XFS limit)")
-        for opt in fs.options:
-            if fs.nosuid_nodev and opt in ("suid", "dev"):
-                problems.append(f"{at}.filesystem.options: {opt!r} contradicts nosuid_nodev "
-                                "(the default); set nosuid_nodev: false instead")
-            elif opt.split("=")[0] in ATIME_OPTIONS:
-                problems.append(f"{at}.filesystem.options: {opt!r} contradicts noatime, "
-                                "which hotcache always sets; remove it")
-            elif not re.fullmatch(r"[A-Za-z0-9_.=:/-]+", opt) or opt in ("ro", "rw"):
-                problems.append(f"{at}.filesystem.options: {opt!r} is not a mount option "
-                                "hotcache can set (one option per list item, not ro/rw)")
-        if fs.owner is not None:
-            problems += _check_owner(f"{at}.filesystem.owner", fs.owner)
-        if fs.mode is not None and not re.fullmatch(r"0?[0-7]{3,4}", fs.mode):
-            problems.append(f"{at}.filesystem.mode: {fs.mode!r} must be octal like '0755' or "
-                            "'2775' (quote it in YAML)")
+        problems += _check_filesystem(at, i, c, seen_mounts)
+    return problems
+
+
+def _check_backend(at: str, c: CacheSpec) -> list[str]:
+    """The cache device, mode and tunables the cache's backend takes."""
+    problems: list[str] = []
+    backend = BACKENDS[c.backend]
+    if not backend.block_cache and c.cache is not None:
+        caches = ", ".join(n for n, b in BACKENDS.items() if b.block_cache)
+        problems.append(f"{at}.cache: backend {c.backend} puts XFS straight on `origin`; "
+                        f"remove `cache` or choose {caches}")
+    if backend.block_cache and c.cache is None:
+        problems.append(f"{at}.cache: backend {c.backend} needs a cache device (the SSD)")
+    if c.mode is not None and c.mode not in backend.modes:
+        problems.append(f"{at}.mode: {c.mode!r} is not a {c.backend} mode; "
+                        f"use one of {', '.join(backend.modes)}")
+    for key, value in c.tunables.items():
+        allowed = backend.tunables
+        if key not in allowed:
+            problems.append(f"{at}.tunables.{key}: not a {c.backend} tunable"
+                            + (f"; known: {', '.join(sorted(allowed))}" if allowed else ""))
+        elif not isinstance(value, allowed[key]) or isinstance(value, bool):
+            problems.append(f"{at}.tunables.{key}: must be {allowed[key].__name__}")
+        elif isinstance(value, int) and value < 0:     # an int tunable (checked above)
+            problems.append(f"{at}.tunables.{key}: must not be negative")
+    return problems
+
+
+def _check_filesystem(at: str, i: int, c: CacheSpec, seen_mounts: dict[str, int]) -> list[str]:
+    """Names fstab and units can carry, the mountpoint (its own, absolute, not a system
+    folder, not another cache's), the label, options, owner and mode."""
+    problems: list[str] = []
+    fs = c.filesystem
+    mp = os.path.normpath(fs.mountpoint)
+    for field, text in (("filesystem.mountpoint", fs.mountpoint),
+                        ("filesystem.label", fs.label),
+                        *((f"{role}.loop.file", d.loop.file) for role, d in
+                          c.devices().items() if d.loop),
+                        *((f"{role}.path", d.path) for role, d in c.devices().items()
+                          if d.path)):
+        if text is not None and _CONTROL.search(text):
+            problems.append(f"{at}.{field}: {text!r} contains a control character "
+                            "(newline, tab, ...); fstab, units and logs split on them. "
+                            "Rename it")
+    if not os.path.isabs(fs.mountpoint):
+        problems.append(f"{at}.filesystem.mountpoint: {fs.mountpoint!r} must be an absolute path")
+    elif mp in SYSTEM_DIRS:
+        problems.append(f"{at}.filesystem.mountpoint: {mp} is a system folder; "
+                        "mount the cache on its own folder such as /mnt/hot")
+    elif mp in seen_mounts:
+        problems.append(f"{at}.filesystem.mountpoint: {mp} is also used by "
+                        f"caches[{seen_mounts[mp]}]")
+    seen_mounts.setdefault(mp, i)
+    if fs.label is not None and (len(fs.label) > 12 or not fs.label.isprintable()
+                                 or " " in fs.label):
+        problems.append(f"{at}.filesystem.label: {fs.label!r} must be 1-12 characters "
+                        "without spaces (an XFS limit)")
+    for opt in fs.options:
+        if fs.nosuid_nodev and opt in ("suid", "dev"):
+            problems.append(f"{at}.filesystem.options: {opt!r} contradicts nosuid_nodev "
+                            "(the default); set nosuid_nodev: false instead")
+        elif opt.split("=")[0] in ATIME_OPTIONS:
+            problems.append(f"{at}.filesystem.options: {opt!r} contradicts noatime, "
+                            "which hotcache always sets; remove it")
+        elif not re.fullmatch(r"[A-Za-z0-9_.=:/-]+", opt) or opt in ("ro", "rw"):
+            problems.append(f"{at}.filesystem.options: {opt!r} is not a mount option "
+                            "hotcache can set (one option per list item, not ro/rw)")
+    if fs.owner is not None:
+        problems += _check_owner(f"{at}.filesystem.owner", fs.owner)
+    if fs.mode is not None and not re.fullmatch(r"0?[0-7]{3,4}", fs.mode):
+        problems.append(f"{at}.filesystem.mode: {fs.mode!r} must be octal like '0755' or "
+                        "'2775' (quote it in YAML)")
     return problems
 
 
