@@ -108,6 +108,12 @@ class Backend:
                            hint="`hotcache teardown NAME --forget` forgets the cache; "
                                 "its devices are then yours to take apart")
 
+    def surviving_state(self, entry: "CacheEntry") -> dict:
+        """The backend_state facts that still hold once `drop_failed_cache` has run: what
+        re-attaching a new SSD to the origin (an apply after the teardown) starts from.
+        None by default: the new SSD gets a new cache, the origin keeps its filesystem."""
+        return {}
+
     def dismantle(self, p: "Planner", entry: "CacheEntry", nodes: dict) -> None:
         """Queue the steps that take the cache apart once its filesystem is unmounted
         (the engine then removes the boot-time unit when `restores_at_boot`)."""

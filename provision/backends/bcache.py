@@ -227,6 +227,12 @@ class Bcache(Backend):
         # block from the origin, and udev registers it again at each boot.
         return f"{node} (through its bcache device, which runs without a cache)"
 
+    def surviving_state(self, entry):
+        # The backing device keeps its superblock and UUID (its bcache device, which
+        # holds the filesystem, runs on); a new SSD becomes a new cache set.
+        backing = state.of(entry, BcacheState).backing_uuid
+        return {"backing_uuid": backing} if backing else {}
+
     def dismantle(self, p, entry, nodes):
         node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid
         h = self.host

@@ -86,11 +86,11 @@ class DmCache(Backend):
 
     def owns(self, entry, dev):
         st = state.of(entry, DmCacheState)
+        recorded = entry.filesystem.uuid if entry is not None else None
+        if dev.role == "origin" and dev.proven and recorded and dev.fs.get("UUID") == recorded:
+            return True     # also an origin waiting for a new SSD (no geometry recorded)
         if not st.data_sectors:
             return False
-        recorded = entry.filesystem.uuid
-        if dev.role == "origin" and dev.proven and recorded and dev.fs.get("UUID") == recorded:
-            return True
         if not dev.proven:
             return False    # the metadata has no signature: only identity tells whose it is
         holders = dev.report.holders if dev.report else []

@@ -221,7 +221,10 @@ class LvmCache(Backend):
             return f"/dev/{vg}/{lv}"
         mode, policy = spec.effective_mode, spec.tunables.get("policy", "smq")
         settings = _settings(spec.tunables)
-        if adopted and not (isinstance(cache.node, str) and pv_vg(h, cache.node) == vg):
+        # The SSD joins an existing VG: the adopted LV's, or after a failed SSD was taken
+        # out (teardown --cache-failed), the VG that still holds the origin LV.
+        if (adopted or info is not None) \
+                and not (isinstance(cache.node, str) and pv_vg(h, cache.node) == vg):
             p.run(f"erase old signatures on {cache.ref.label}",
                   ["wipefs", "--all", cache.node], destructive=True)
             p.run("make the SSD an LVM physical volume", lvm(h, "pvcreate", "--yes", cache.node),
@@ -260,13 +263,22 @@ class LvmCache(Backend):
                           *_settings_args(settings), f"{vg}/{lv}"))
                 p.run("load it into the active cache in place (lvchange alone does not)",
                       lvm(h, "lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
-        if not state.of(entry, LvmCacheState).vg:      # the first build: what it made, by UUID
-            pvs = {"cache": cache.node} if adopted else {"origin": origin.node,
-                                                         "cache": cache.node}
+        st = state.of(entry, LvmCacheState)
+        # The first build records what it made, by UUID; so does a new SSD attached to an
+        # LV whose failed cache was taken off (its PV joins the recorded ones).
+        known = dict(st.pv_uuids or {})
+        if not st.vg or (entry is not None and entry.state != "ready" and "cache" not in known):
+            made_pvs = {"cache": cache.node} if adopted else {"origin": origin.node,
+                                                              "cache": cache.node}
+            pvs = {r: n for r, n in made_pvs.items() if r not in known}
+
+            def made(ctx) -> dict:
+                if ctx.runner.dry_run:
+                    return {}
+                found = uuids(h, vg, lv, {r: ctx.resolve(n) for r, n in pvs.items()})
+                return {**found, "pv_uuids": {**known, **found["pv_uuids"]}}
             state.remember(p, "record the PV, VG and LV UUIDs in the mapping (a later "
-                           "restore or teardown checks them)",
-                           lambda ctx: {} if ctx.runner.dry_run else uuids(
-                               h, vg, lv, {r: ctx.resolve(n) for r, n in pvs.items()}))
+                           "restore or teardown checks them)", made)
         return f"/dev/{vg}/{lv}"
 
     def _missing(self, entry, vg: str, lv: str, info: dict | None, devs) -> str:
@@ -380,6 +392,13 @@ class LvmCache(Backend):
             f"the failed SSD ({ssd.by_id[0] if ssd and ssd.by_id else 'the cache device'}) "
             "keeps a stale LVM label: before it is used again, `wipefs --all` it")
         return f"/dev/{vg}/{lv}"
+
+    def surviving_state(self, entry):
+        # The VG and the LV (now on the origin alone) keep their names and UUIDs; the
+        # failed SSD's PV is out of the VG.
+        kept = state.of(entry, LvmCacheState).dump()
+        pvs = {r: u for r, u in (kept.get("pv_uuids") or {}).items() if r != "cache"}
+        return {**kept, "pv_uuids": pvs}
 
     def _still_recorded(self, cache: str, entry, vg: str, lv: str):
         """A step check: the VG and LV are still there with the recorded UUIDs."""

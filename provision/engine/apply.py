@@ -19,12 +19,12 @@ from typing import Any, cast
 
 from hotcache.provision import mapping
 from hotcache.provision.backends import recorded
-from hotcache.provision.block import blockdev, header, identity
+from hotcache.provision.block import blockdev, busy, header, identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import BACKENDS, get as get_backend
 from hotcache.provision.errors import KernelUnsupported, ProbeFailed, RefusedError
-from hotcache.provision.engine import images, owners, recheck
+from hotcache.provision.engine import images, owners, reattach, recheck
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
 from hotcache.provision.records import (STATES, BackendState, CacheEntry, DeviceRecord,
                                         Filesystem, Persist)
@@ -381,8 +381,18 @@ def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
                             f"changing to {cache.backend} needs `hotcache teardown "
                             f"{cache.name}` first")
             continue
+        # A cache whose failed SSD a teardown took off: a new SSD is attached to the
+        # filesystem its origin kept (the record seeds a first build that formats nothing).
+        waiting = None if restoring else reattach.detached(state).get(cache.name)
+        if waiting is not None and waiting.backend != cache.backend:
+            refusals.append(f"{cache.name}: its origin kept the filesystem of a "
+                            f"{waiting.backend} cache whose SSD failed; a {cache.backend} "
+                            f"cache on it needs `hotcache teardown {cache.name} --forget` "
+                            "first (and `wipe: true` on the origin: its data is lost)")
+            continue
         # An image kept by a teardown is still hotcache's: its filesystem is mounted again.
-        _plan_cache(p, cache, entry or images.adoptable_entry(state, cache))
+        _plan_cache(p, cache, entry or waiting or images.adoptable_entry(state, cache),
+                    reattaching=waiting is not None, seed=waiting if entry is None else None)
         refusals += p.refusals
         if not p.changed and not p.refusals:
             plan.unchanged.append(cache.name)
@@ -396,7 +406,11 @@ def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
     return plan
 
 
-def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None) -> None:
+def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
+                reattaching: bool = False, seed: CacheEntry | None = None) -> None:
+    """Plan one cache. `reattaching`: its SSD failed and was taken off, and `entry` (or
+    `seed`, the record the teardown left, when the apply has not started yet) holds the
+    origin whose filesystem a new SSD is attached to; nothing is formatted."""
     host = p.env.host
     backend = get_backend(spec.backend, host)
     why = backend.unavailable()
@@ -420,6 +434,16 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None) -> None:
             devs[role] = dev
     if p.refusals:
         return
+    if reattaching and "origin" in devs and not backend.owns(entry, devs["origin"]):
+        # Checked before preflight: the spec's `wipe: true` must not erase an origin that
+        # was meant to keep its filesystem.
+        p.refuse(f"{spec.name}.origin ({spec.origin.label}): it no longer carries what the "
+                 f"failed cache left on it ({_fs_shown(devs['origin'])}, not the recorded "
+                 f"filesystem {entry.filesystem.uuid if entry else '?'}), so there is "
+                 "nothing to re-attach a new SSD to; nothing was changed. If its data is "
+                 f"gone for good: `hotcache teardown {spec.name} --forget`, then apply to "
+                 "build a new cache")
+        return
     if backend.restores_at_boot and first_build(p, entry):
         for dev in devs.values():
             _require_stable_identity(p, spec, dev)
@@ -436,9 +460,17 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None) -> None:
     elif fs_uuid is None:
         fs_uuid = str(uuid.uuid4())
     building = entry is None or entry.state != "ready"
+    unmounted = _release_origin(p, spec, devs["origin"]) if reattaching else False
+    if p.refusals:
+        return
+    if reattaching:
+        p.plan.notes.append(f"{spec.name}: the new SSD is attached to the filesystem "
+                            f"{fs_uuid} its origin kept; the cache starts empty, so "
+                            f"warm-up starts over (`hotcache warm {spec.filesystem.mountpoint}`)")
     if building:
         p.do(f"record {spec.name} in the mapping as building (filesystem UUID {fs_uuid})",
-             lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, None, "building"))
+             lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, None, "building",
+                                 seed=seed))
 
     target = backend.build(p, spec, entry, devs)
     if backend.restores_at_boot:
@@ -447,7 +479,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None) -> None:
     # A cache brought back after a boot (restore) appears only when its steps run; its
     # backend knows the filesystem is already on it. A filesystem the mapping records as
     # made is never made again: its device must show it, or nothing goes on.
-    made = (entry is not None and entry.state == "ready") or p.restoring
+    made = (entry is not None and entry.state == "ready") or p.restoring or reattaching
     if made and target_dev.present and target_dev.fs.get("UUID") != fs_uuid:
         p.refuse(f"{spec.name}: {target} shows {_fs_shown(target_dev)}, not the filesystem "
                  f"{fs_uuid} hotcache made on it; hotcache will not format a recorded "
@@ -461,12 +493,43 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None) -> None:
               ["mkfs.xfs", "-L", fs_label(spec), "-m", f"uuid={fs_uuid}", "-s", "size=4096",
                target], destructive=True)
 
-    mounting = _plan_mount(p, spec, entry, target, target_dev)
+    mounting = _plan_mount(p, spec, entry, target, target_dev, unmounted=unmounted)
     _plan_persist(p, spec, fs_uuid, entry)
     _plan_owner(p, spec, mounting)
     if p.changed or building or _entry_drifted(entry, spec) or _identity_missing(entry):
         p.do(f"record {spec.name} in the mapping as ready",
-             lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, target, "ready"))
+             lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, target, "ready",
+                                 seed=seed, reattached=reattaching))
+
+
+def _release_origin(p: Planner, spec: CacheSpec, origin: Device) -> bool:
+    """Before a new SSD is attached: the origin's filesystem, mounted by itself on the
+    cache's mountpoint since the failed cache was taken off, is unmounted (the cache
+    device then mounts it). True when that unmount is queued. An origin mounted anywhere
+    else, or busy, is refused."""
+    host = p.env.host
+    if not isinstance(origin.node, str):
+        return False
+    mp = os.path.normpath(spec.filesystem.mountpoint)
+    where = [m for m in blockdev.mountpoints_of(host, origin.node)]
+    current = blockdev.mount_at(host, mp)
+    if current is not None and current.source_dev == host.devnum(origin.node):
+        where = [m for m in where if os.path.normpath(m) != mp]
+        if not where:
+            users = busy.users_of(mp)
+            if users:
+                p.refuse(f"{spec.name}: {mp} is busy, and the origin's filesystem must be "
+                         "unmounted for a moment to attach the new SSD:\n"
+                         + "\n".join(f"  {u}" for u in users)
+                         + "\nstop those processes and apply again")
+                return False
+            p.run(f"unmount {mp} (the origin alone; the cache device mounts it again)",
+                  ["umount", mp])
+            return True
+    if where:
+        p.refuse(f"{spec.name}.origin ({spec.origin.label}): its filesystem is mounted at "
+                 f"{', '.join(where)}; unmount it there (the cache mounts it on {mp})")
+    return False
 
 
 def _fs_shown(dev: Device) -> str:
@@ -500,8 +563,9 @@ def _target_device(host: Host, spec: CacheSpec, devs: dict[str, Device], target)
 
 
 def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target,
-                target_dev: Device) -> bool:
-    """Queue what it takes to have the filesystem mounted; True if a mount is queued."""
+                target_dev: Device, *, unmounted: bool = False) -> bool:
+    """Queue what it takes to have the filesystem mounted; True if a mount is queued.
+    `unmounted`: a step before unmounts what is on the mountpoint now."""
     mp = os.path.normpath(spec.filesystem.mountpoint)
     opts = mount_options(spec)
     host = p.env.host
@@ -511,7 +575,7 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target,
         old_uuid = entry.filesystem.uuid
         p.do(f"remove the old mountpoint entry of {spec.name} from {p.env.fstab}",
              lambda ctx: fstab.set_entry(p.env.fstab, spec.name, None, old_uuid, [old_mp]))
-    current = blockdev.mount_at(host, mp)
+    current = None if unmounted else blockdev.mount_at(host, mp)
     if current is not None and isinstance(target, str) and target_dev.present \
             and current.source_dev == host.devnum(target):
         missing = [o for o in opts if o not in current.options]
@@ -526,7 +590,7 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target,
     if os.path.exists(mp) and not os.path.isdir(mp):
         p.refuse(f"{spec.name}: mountpoint {mp} exists and is not a folder")
         return False
-    if os.path.isdir(mp) and any(os.scandir(mp)):
+    if not unmounted and os.path.isdir(mp) and any(os.scandir(mp)):
         p.refuse(f"{spec.name}: mountpoint {mp} is a folder that is not empty; mounting "
                  "over it would hide its files. Move them or choose another mountpoint")
         return False
@@ -583,7 +647,11 @@ def recorded_spec(spec: CacheSpec) -> dict:
 
 
 def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
-            fs_uuid: str, target, state: str) -> None:
+            fs_uuid: str, target, state: str, *, seed: CacheEntry | None = None,
+            reattached: bool = False) -> None:
+    """Write the cache's entry. `seed`: the record of a cache whose failed SSD was taken
+    off (its backend facts and hot copies carry over); `reattached`: that record is
+    forgotten once the new SSD is attached."""
     if ctx.runner.dry_run:
         return
     devices: dict[str, dict[str, Any]] = {}
@@ -605,7 +673,9 @@ def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
     with mapping.editing(env.state) as data:
         for image in loop_files:
             images.forget(data, image)          # in a cache again: no longer just kept
-        old = data["caches"].get(spec.name)
+        old = data["caches"].get(spec.name) or seed
+        if reattached and state == "ready":
+            reattach.forget(data, spec.name)
         data["caches"][spec.name] = CacheEntry(
             backend=spec.backend,
             state=state,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from hotcache.provision.block import blockdev
 from hotcache.provision.block.host import Host
+from hotcache.provision.engine import reattach
 
 SYS_DEV_BLOCK = Path("/sys/dev/block")
 
@@ -119,7 +120,7 @@ def spec_claims(spec, state: dict | None = None) -> list[Claim]:
     the one its identity finds (the planner builds on that one, and refuses a name that
     now means another device): the spec's kernel name may since belong to another
     cache's disk (disks enumerated in another order), and must not count as a claim on it."""
-    recorded = (state or {}).get("caches", {})
+    recorded = _recorded(state or {})
     out = []
     for cache in spec.caches:
         entry = recorded.get(cache.name)
@@ -145,13 +146,19 @@ def recorded_claims(state: dict) -> list[Claim]:
     /dev/loopN is whichever was free), else by-id links that still exist (a kernel name
     may since belong to another disk), else the recorded node (failing closed)."""
     out = []
-    for name, entry in state.get("caches", {}).items():
+    for name, entry in _recorded(state).items():
         for role, info in entry.devices.items():
             paths = _identity_paths(info) or ([info.node] if info.node else [])
             shown = info.path or info.loop_file or info.node
             out.append(claim(name, f"the {role} device {shown} that the mapping records for "
                                    f"cache {name}", *paths, stacked=True))
     return out
+
+
+def _recorded(state: dict) -> dict:
+    """Every cache the mapping records, and every origin that waits for a new SSD after
+    its failed one was taken off (it keeps its filesystem, so it is still that cache's)."""
+    return {**reattach.detached(state), **state.get("caches", {})}
 
 
 def conflicts(spec, state: dict) -> list[str]:

@@ -13,6 +13,7 @@ was on the SSD only is lost, and it goes ahead only with `--accept-loss` coverin
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from hotcache.provision import mapping
 from hotcache.provision.backends import recorded
@@ -20,7 +21,7 @@ from hotcache.provision.block import blockdev
 from hotcache.provision.block import busy
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
-from hotcache.provision.engine import images
+from hotcache.provision.engine import images, reattach
 from hotcache.provision.engine.bootunit import remove_unit
 from hotcache.provision.engine.apply import Env, Planner
 from hotcache.provision.errors import RefusedError, UsageError
@@ -33,6 +34,8 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
                   accept_loss: str | None = None) -> Plan:
     data = mapping.load(env.state)
     entry = data["caches"].get(name)
+    if entry is None and name in reattach.detached(data):
+        return _plan_detached(name, env, forget=forget)
     if entry is None:
         known = ", ".join(data["caches"]) or "none"
         raise UsageError(f"no cache named {name!r} in the mapping {env.state} (known: {known})",
@@ -159,13 +162,38 @@ def _plan_failed(name: str, entry: CacheEntry, env: Env, seen: dict,
     if backend.restores_at_boot:
         remove_unit(p, name)
     _remove_fstab_entry(p, name, entry)
-    _forget(p, name, env, entry, [])
+    surviving = backend.surviving_state(entry)
+    _forget(p, name, env, entry, [],
+            detached=lambda state: reattach.record(state, name, entry, surviving))
     plan.notes.append(f"the filesystem (UUID {entry.filesystem.uuid}) is on {left}: "
                       f"`mount -o noatime UUID={entry.filesystem.uuid} {mp}` mounts it"
                       + ("" if dirty == 0 else "; run `xfs_repair -n` on it first, since "
                          "writes that were on the SSD only are lost")
-                      + ". A new SSD: put it in, then build the cache again with "
-                        "`hotcache apply` (warm-up starts over)")
+                      + f". A new SSD: put it in, name it as the cache device in {name}'s "
+                        "spec and run `hotcache apply SPEC`: the new cache is attached to "
+                        "this filesystem, which is kept (warm-up starts over)")
+    return plan
+
+
+def _plan_detached(name: str, env: Env, *, forget: bool) -> Plan:
+    """A cache whose failed SSD was taken off, waiting for a new one: no device is
+    hotcache's to take down; `--forget` drops the record."""
+    if not forget:
+        raise RefusedError(
+            f"{name} has no cache any more: its failed SSD was taken off, and its origin "
+            "keeps the filesystem, waiting for a new SSD; nothing was changed",
+            hint=f"`hotcache apply SPEC` with a new SSD in {name}'s spec attaches a new "
+                 f"cache; `hotcache teardown {name} --forget` drops the record (the origin "
+                 "and its filesystem stay as they are)")
+    plan = Plan()
+
+    def drop(ctx) -> None:
+        if ctx.runner.dry_run:
+            return
+        with mapping.editing(env.state) as state:
+            reattach.forget(state, name)
+    Planner(env, name, plan).do(f"forget that {name} waits for a new SSD (the origin and "
+                                "its filesystem stay as they are)", drop)
     return plan
 
 
@@ -180,7 +208,10 @@ def _remove_fstab_entry(p: Planner, name: str, entry: CacheEntry) -> None:
                  lambda ctx: fstab.set_entry(path, name, None, fs_uuid, [mp]))
 
 
-def _forget(p: Planner, name: str, env: Env, entry: CacheEntry, kept: list) -> None:
+def _forget(p: Planner, name: str, env: Env, entry: CacheEntry, kept: list,
+            detached: Callable[[dict], None] | None = None) -> None:
+    """Queue the step that removes the cache's entry (and records what outlives it: kept
+    images, or, through `detached`, an origin waiting for a new SSD)."""
     def forget(ctx):
         if ctx.runner.dry_run:
             return
@@ -188,6 +219,8 @@ def _forget(p: Planner, name: str, env: Env, entry: CacheEntry, kept: list) -> N
             state["caches"].pop(name, None)
             for role, image in kept:
                 images.record(state, image, name, entry, role)
+            if detached is not None:
+                detached(state)
 
     p.do(f"remove {name} from the mapping {env.state}", forget)
 

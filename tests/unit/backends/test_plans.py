@@ -374,7 +374,8 @@ def test_lvmcache_after_a_reboot_restore_activates_the_volume_group(fake):
 
 def test_lvmcache_interrupted_before_the_cache_was_attached_attaches_it(fake):
     """Killed after the origin LV was made, before the cache volume: the next apply
-    creates and attaches it and formats the LV; no pvcreate, vgcreate or wipefs."""
+    creates and attaches it and formats the LV; no pvcreate, vgcreate or wipefs. The PV,
+    VG and LV UUIDs, which the killed run never recorded, are recorded now."""
     lvm_built(fake, cached=False, state="building")
     assert plan(fake, "lvmcache") == [
         BUILDING,
@@ -382,6 +383,8 @@ def test_lvmcache_interrupted_before_the_cache_was_attached_attaches_it(fake):
          "hc_c1", "/dev/vdc"],
         ["lvconvert", *NOFILE, "--yes", "--type", "cache", "--cachevol", "hc_c1/data_hccache",
          "--cachemode", "writethrough", "--cachepolicy", "smq", "hc_c1/data"],
+        "record the PV, VG and LV UUIDs in the mapping (a later restore or teardown "
+        "checks them)",
         *first_build_tail(fake, "/dev/hc_c1/data"),
     ]
 
