@@ -150,12 +150,15 @@ def status(
 
         raise UsageError(f"--slurm-push describes the whole host, not only cache {name!r}",
                          hint="run `hotcache status --slurm-push` without a cache name")
-    if name is not None and name not in load(path)["caches"]:
+    from hotcache.provision.engine.reattach import waiting as waiting_for_ssd
+
+    waiting = [w for w in waiting_for_ssd(load(path)) if name is None or w["name"] == name]
+    if name is not None and name not in load(path)["caches"] and not waiting:
         from hotcache.provision.errors import UsageError
 
         raise UsageError(f"no cache named {name!r} in the mapping {path}",
                          hint="`hotcache status` without a name lists them all")
-    rows = host_status(path, fstab, Runner(), name)
+    rows = [] if waiting and name is not None else host_status(path, fstab, Runner(), name)
     if interval:
         rows = _over_interval(rows, path, fstab, name, interval)
     drift = any(not r["ok"] for r in rows)
@@ -175,11 +178,15 @@ def status(
 
         push_features(rows, load(path)["caches"])
     if as_json:
-        emit({"state": str(path), "caches": rows, "ok": not drift}, "status")
+        emit({"state": str(path), "caches": rows, "waiting_for_ssd": waiting,
+              "ok": not drift}, "status")
     else:
         c = console()
-        if not rows:
+        if not rows and not waiting:
             c.print(f"no caches in {path}; `hotcache apply SPEC` builds one")
+        for w in waiting:
+            c.print(f"[bold]{w['name']}[/] ({w['backend']}): [yellow]no cache[/]: "
+                    f"{w['message']}", soft_wrap=True)
         for r in rows:
             mark = "[green]ok[/]" if r["ok"] else "[red]DRIFT[/]"
             c.print(f"[bold]{r['name']}[/] ({r['backend']}, mode {r['mode']}): {mark}")

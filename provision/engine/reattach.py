@@ -48,3 +48,23 @@ def forget(data: dict, name: str) -> None:
     kept.pop(name, None)
     if not kept:
         data.pop(KEY, None)
+
+
+def waiting(data: dict) -> list[dict]:
+    """What `hotcache status` says of each cache waiting for a new SSD."""
+    out = []
+    for name, entry in detached(data).items():
+        origin = entry.devices["origin"]
+        shown = next(iter(origin.by_id or []), None) or origin.path or origin.loop_file \
+            or origin.node
+        out.append({
+            "name": name, "backend": entry.backend, "origin": shown,
+            "filesystem_uuid": entry.filesystem.uuid,
+            "mountpoint": entry.filesystem.mountpoint,
+            "message": f"its failed SSD was taken off; the origin {shown} keeps the "
+                       f"filesystem {entry.filesystem.uuid}, read without a cache. Name a "
+                       f"new SSD as the cache device in {name}'s spec and run `hotcache "
+                       f"apply SPEC` to attach a new cache to it (`hotcache teardown {name} "
+                       "--forget` drops this record)",
+        })
+    return out

@@ -252,3 +252,22 @@ def test_a_detached_origin_is_not_given_to_another_cache(fake):
         "cache": {"path": NEW_SSD, "wipe": True}, "filesystem": {"mountpoint": "/mnt/c2"}}]})
     with pytest.raises(RefusedError, match="the mapping records for cache c1"):
         plan_apply(other, fake.env_)
+
+
+def test_status_says_which_cache_waits_for_a_new_ssd(fake):
+    """`hotcache status` (and `status NAME`, and --json) names the cache whose failed SSD
+    was taken off, the origin that keeps its filesystem, and the way forward."""
+    import json
+
+    from tests.helpers import hotcache
+
+    detach(fake, "dm-cache", DM_STATE, {})
+    env = {"HOTCACHE_STATE": str(fake.env_.state), "HOTCACHE_FSTAB": str(fake.env_.fstab)}
+    for args in (["status"], ["status", "c1"]):
+        proc = hotcache(*args, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert "c1 (dm-cache): no cache" in proc.stdout and "hotcache apply SPEC" in proc.stdout
+        assert "virtio-hdd1" in proc.stdout and FS in proc.stdout
+    doc = json.loads(hotcache("status", "--json", env=env).stdout)
+    assert doc["caches"] == [] and doc["ok"] is True
+    assert [(w["name"], w["filesystem_uuid"]) for w in doc["waiting_for_ssd"]] == [("c1", FS)]
