@@ -476,23 +476,11 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
     if backend.restores_at_boot:
         bootunit.plan_unit(p, spec)
     target_dev = _target_device(host, spec, devs, target)
-    # A cache brought back after a boot (restore) appears only when its steps run; its
-    # backend knows the filesystem is already on it. A filesystem the mapping records as
-    # made is never made again: its device must show it, or nothing goes on.
+    # A filesystem the mapping records as made (or that a failed cache's origin kept) is
+    # never made again.
     made = (entry is not None and entry.state == "ready") or p.restoring or reattaching
-    if made and target_dev.present and target_dev.fs.get("UUID") != fs_uuid:
-        p.refuse(f"{spec.name}: {target} shows {_fs_shown(target_dev)}, not the filesystem "
-                 f"{fs_uuid} hotcache made on it; hotcache will not format a recorded "
-                 "filesystem. Check the devices (`hotcache status`)")
+    if not _plan_filesystem(p, spec, backend, entry, devs, target, target_dev, fs_uuid, made):
         return
-    if made and not target_dev.present:
-        p.do(f"check that {target} shows the filesystem {fs_uuid} before mounting it",
-             lambda ctx: _check_filesystem(host, ctx, target, fs_uuid, spec.name))
-    elif target_dev.fs.get("UUID") != fs_uuid and not backend.keeps_filesystem(entry, devs):
-        p.run(f"format {target} as XFS, label {fs_label(spec)}",
-              ["mkfs.xfs", "-L", fs_label(spec), "-m", f"uuid={fs_uuid}", "-s", "size=4096",
-               target], destructive=True)
-
     mounting = _plan_mount(p, spec, entry, target, target_dev, unmounted=unmounted)
     _plan_persist(p, spec, fs_uuid, entry)
     _plan_owner(p, spec, mounting)
@@ -500,6 +488,31 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
         p.do(f"record {spec.name} in the mapping as ready",
              lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, target, "ready",
                                  seed=seed, reattached=reattaching))
+
+
+def _plan_filesystem(p: Planner, spec: CacheSpec, backend, entry: CacheEntry | None,
+                     devs: dict[str, Device], target, target_dev: Device, fs_uuid: str,
+                     made: bool) -> bool:
+    """Queue the format of a new filesystem, or the check of one already `made`; False
+    (with a refusal) when the device shows another filesystem than the one made.
+
+    A cache brought back after a boot (restore) appears only when its steps run; its
+    backend knows the filesystem is already on it. A made filesystem is never made
+    again: its device must show it, or nothing goes on."""
+    if made and target_dev.present and target_dev.fs.get("UUID") != fs_uuid:
+        p.refuse(f"{spec.name}: {target} shows {_fs_shown(target_dev)}, not the filesystem "
+                 f"{fs_uuid} hotcache made on it; hotcache will not format a recorded "
+                 "filesystem. Check the devices (`hotcache status`)")
+        return False
+    if made and not target_dev.present:
+        host = p.env.host
+        p.do(f"check that {target} shows the filesystem {fs_uuid} before mounting it",
+             lambda ctx: _check_filesystem(host, ctx, target, fs_uuid, spec.name))
+    elif target_dev.fs.get("UUID") != fs_uuid and not backend.keeps_filesystem(entry, devs):
+        p.run(f"format {target} as XFS, label {fs_label(spec)}",
+              ["mkfs.xfs", "-L", fs_label(spec), "-m", f"uuid={fs_uuid}", "-s", "size=4096",
+               target], destructive=True)
+    return True
 
 
 def _release_origin(p: Planner, spec: CacheSpec, origin: Device) -> bool:
