@@ -210,7 +210,9 @@ def test_failed_ssd_named_and_torn_down(backend, n, hdd):
     error target after the data was read through it: status and doctor name the failure
     within a bounded time (never "unproven" or "another filesystem"), `teardown
     --cache-failed` ends with exit 0, the entry, unit and fstab line gone, and the
-    filesystem mounted from the origin holds every file."""
+    filesystem mounted from the origin holds every file. Then a new SSD: `hotcache apply`
+    attaches a new cache to that filesystem (never formatting it) and every file reads
+    back through it."""
     ssd = f"/dev/disk/by-id/virtio-ssd-part{n}"       # free again after the case above
     sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
     sectors = int(sh("blockdev", "--getsz", ssd).stdout)
@@ -275,9 +277,31 @@ def test_failed_ssd_named_and_torn_down(backend, n, hdd):
         assert checksums(mp / "data", "s") == sums
     finally:
         sh("umount", mp)
-    if backend == "bcache":             # leave the partition free: stop the bare bcache
-        from hotcache.provision.backends import bcache
-        from hotcache.provision.block.host import Host
 
-        bcache.stop_backing(Host(), os.path.realpath(f"/dev/disk/by-id/virtio-hdd-part{hdd}"))
+    # A new SSD (the same partition, zeroed, under a new dm UUID), while the filesystem
+    # is mounted from the origin on the cache's mountpoint as the teardown's note says:
+    # apply attaches a new cache to that filesystem and formats nothing.
     sh("dmsetup", "remove", dm)
+    sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
+    new = f"ssdnew{n}"
+    sh("dmsetup", "create", new, "--uuid", f"HOTCACHE-TEST-{new}", "--table",
+       f"0 {sectors} linear {os.path.realpath(ssd)} 0")
+    sh("udevadm", "settle")
+    sh("mount", "-o", "noatime", f"UUID={fs_uuid}", MOUNTS / name)
+    spec.write_text(spec.read_text().replace(f"/dev/mapper/{dm}", f"/dev/mapper/{new}"))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    assert "warm-up starts over" in res.out, res.out
+    mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())
+    assert mapping["caches"][name]["state"] == "ready" and "detached" not in mapping
+    assert mapping["caches"][name]["filesystem"]["uuid"] == fs_uuid     # not formatted
+    assert f"UUID={fs_uuid}" in (PERSIST / "fstab").read_text()
+    assert (PERSIST / "units" / f"hotcache-restore-{name}.service").exists()
+    assert checksums(folder, "s") == sums
+    row = status(name)
+    assert not [f for f in row["findings"] if f["code"] == "CACHE_FAILED"], row["findings"]
+    assert row["cache"]["mode"] == "writethrough", row
+
+    res = hotcache("teardown", name, "--yes")        # flushed and taken down, as usual
+    assert res.code == 0, res.out
+    sh("dmsetup", "remove", new)
