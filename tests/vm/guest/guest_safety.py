@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 import pytest
 import yaml
@@ -305,3 +306,48 @@ def test_failed_ssd_named_and_torn_down(backend, n, hdd):
     res = hotcache("teardown", name, "--yes")        # flushed and taken down, as usual
     assert res.code == 0, res.out
     sh("dmsetup", "remove", new)
+
+
+def test_failed_writeback_ssd_needs_the_loss_acknowledged():
+    """A writeback dm-cache holding dirty blocks (migration_threshold below one block)
+    whose SSD switches to the error target: status reports dirty data at risk, never "no
+    dirty data"; `teardown --cache-failed` is refused (exit 3, nothing changed) until
+    `--accept-loss` covers what status reported, and then ends with exit 0 and the
+    filesystem check in its notes. Reuses the dm-cache pair the case above freed."""
+    ssd = "/dev/disk/by-id/virtio-ssd-part4"
+    sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
+    sectors = int(sh("blockdev", "--getsz", ssd).stdout)
+    dm, name = "ssdwb", "wb"
+    sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table",
+       f"0 {sectors} linear {os.path.realpath(ssd)} 0")
+    sh("udevadm", "settle")
+    spec = PERSIST / f"spec-{name}.yaml"
+    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
+        "name": name, "backend": "dm-cache", "mode": "writeback", "tunables": HOLD,
+        "origin": {"path": "/dev/disk/by-id/virtio-hdd-part6", "wipe": True},
+        "cache": f"/dev/mapper/{dm}", "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    write_files(MOUNTS / name / "data", 40, 64 * 1024, "d")
+    assert dirty(name) > 0
+    fail(dm, f"0 {sectors} error")
+
+    def failed():
+        row = status(name)
+        return row if "CACHE_FAILED" in [f["code"] for f in row["findings"]] else None
+    row = poll("status to name the failed SSD", failed, timeout=120, interval=5)
+    message = next(f["message"] for f in row["findings"] if f["code"] == "CACHE_FAILED")
+    assert "dirty data at risk" in message and "no dirty data" not in message, message
+
+    res = hotcache("teardown", name, "--cache-failed", "--yes")
+    assert res.code == 3, res.out
+    assert "--accept-loss" in res.out, res.out
+    assert name in yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"]
+    assert sh("dmsetup", "table", f"hc-{name}").stdout.strip(), "tables kept"
+    accept = re.search(r"--accept-loss (\S+?)`", res.out).group(1)
+    res = hotcache("teardown", name, "--cache-failed", "--accept-loss", accept, "--yes")
+    assert res.code == 0, res.out
+    assert "xfs_repair -n" in res.out, res.out
+    assert name not in yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"]
+    sh("dmsetup", "remove", dm)
+    sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")

@@ -143,6 +143,87 @@ def test_lvmcache_lv_renamed_between_boots_is_refused_and_nothing_is_wiped():
     assert bystander_unchanged()
 
 
+def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch, tmp_path):
+    """lvmcache in writethrough on ssd2 (free again), its SSD a dm-linear device with a dm
+    UUID, switched to the error target after the data was read through the cache. LVM is
+    shown the wrapper only (a global_filter hides the partition under it, which would
+    show the same PV twice). status names the failure within a bounded time; `teardown
+    --cache-failed` ends with exit 0, the entry, unit and fstab line gone, every file on
+    the LV, now the origin alone; then a new SSD is attached with `hotcache apply`, the
+    filesystem kept, and every file reads back through the new cache."""
+    part = os.path.realpath("/dev/disk/by-id/virtio-ssd2-part2")
+    conf = tmp_path / "lvm"
+    conf.mkdir()
+    (conf / "lvm.conf").write_text(
+        f'devices {{ global_filter = [ "r|^{part}$|", "r|ssd2-part2$|" ] }}\n')
+    monkeypatch.setenv("LVM_SYSTEM_DIR", str(conf))
+    sh("dd", "if=/dev/zero", f"of={part}", "bs=1M", "count=2", "oflag=direct")
+    sectors = int(sh("blockdev", "--getsz", part).stdout)
+    dm, name = "lvmfail", "lf"
+    sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table",
+       f"0 {sectors} linear {part} 0")
+    sh("udevadm", "settle")
+    spec = PERSIST / f"spec-{name}.yaml"
+    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
+        "name": name, "backend": "lvmcache", "mode": "writethrough",
+        "origin": {"path": "/dev/disk/by-id/virtio-ssd2-part1", "wipe": True},
+        "cache": f"/dev/mapper/{dm}", "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    fs_uuid = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name][
+        "filesystem"]["uuid"]
+    folder = MOUNTS / name / "data"
+    sums = write_files(folder, 40, 64 * 1024, "l")
+    for _ in range(3):                  # read through the cache (smq promotes re-reads)
+        drop_caches()
+        assert checksums(folder, "l") == sums
+    sh("dmsetup", "suspend", "--noflush", dm)
+    sh("dmsetup", "load", dm, "--table", f"0 {sectors} error")
+    sh("dmsetup", "resume", dm)
+
+    def failed():
+        row = status(name)
+        return row if "CACHE_FAILED" in [f["code"] for f in row["findings"]] else None
+    row = poll("status to name the failed SSD", failed, timeout=120, interval=5)
+    codes = [f["code"] for f in row["findings"]]
+    assert not {"DEVICE_UNPROVEN", "WRONG_FILESYSTEM"} & set(codes), row["findings"]
+    message = next(f["message"] for f in row["findings"] if f["code"] == "CACHE_FAILED")
+    assert message.startswith("cache failed: ") and "no dirty data at risk" in message
+
+    res = hotcache("teardown", name, "--cache-failed", "--yes")
+    assert res.code == 0, res.out
+    mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())
+    assert name not in mapping["caches"] and name in mapping["detached"]
+    assert not (PERSIST / "units" / f"hotcache-restore-{name}.service").exists()
+    assert fs_uuid not in (PERSIST / "fstab").read_text()
+    sh("udevadm", "settle")
+    sh("mount", "-o", "noatime", f"UUID={fs_uuid}", MOUNTS / name)
+    assert checksums(folder, "l") == sums
+
+    # A new SSD: the same partition, zeroed (the stale PV label goes), a new dm UUID.
+    sh("dmsetup", "remove", dm)
+    sh("dd", "if=/dev/zero", f"of={part}", "bs=1M", "count=2", "oflag=direct")
+    new = "lvmnew"
+    sh("dmsetup", "create", new, "--uuid", f"HOTCACHE-TEST-{new}", "--table",
+       f"0 {sectors} linear {part} 0")
+    sh("udevadm", "settle")
+    spec.write_text(spec.read_text().replace(f"/dev/mapper/{dm}", f"/dev/mapper/{new}"))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    assert "warm-up starts over" in res.out, res.out
+    mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())
+    assert mapping["caches"][name]["state"] == "ready" and "detached" not in mapping
+    assert mapping["caches"][name]["filesystem"]["uuid"] == fs_uuid
+    assert set(mapping["caches"][name]["backend_state"]["pv_uuids"]) == {"origin", "cache"}
+    drop_caches()
+    assert checksums(folder, "l") == sums
+    row = status(name)
+    assert row["ok"] and row["cache"]["mode"] == "writethrough", row
+    res = hotcache("teardown", name, "--yes")
+    assert res.code == 0, res.out
+    sh("dmsetup", "remove", new)
+
+
 # Two equal-size "slots" whose identity (a dm UUID, as a QEMU SATA or libvirt SCSI serial)
 # stays with the slot while the media behind them swap. Free again by now: ssd parts 2
 # and 4 (the first dm-cache's and boot 1's failing-origin dm-cache's), hdd parts 2 and 4.
