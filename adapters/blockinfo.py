@@ -41,6 +41,10 @@ class Backing:
     mount_root: str | None = None  # the folder of the filesystem mounted there ("/" unless a bind)
     fs_uuid: str | None = None     # the filesystem's UUID, from the kernel
     fs_label: str | None = None
+    # The kernel's verdict that the cache in front of this device failed, where sysfs
+    # shows it to everyone (bcache's state). None: nothing wrong reported, or nothing
+    # this process can read.
+    cache_failed: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,6 +132,23 @@ def classify(devnum: str) -> tuple[str | None, str, str | None, bool | None]:
     return name, "none", (f"loop on {backing}" if backing else None), rotational
 
 
+def cache_failure(devnum: str, device: str | None, cache: str) -> str | None:
+    """What the kernel reports wrong with the cache in front of block device `devnum`:
+    "<device>, <what the kernel said>, <dirty data>", as `hotcache status` says it."""
+    if cache == "bcache":
+        d = SYS_DEV_BLOCK / devnum / "bcache"
+        if _read(d / "state") != "no cache" or (d / "cache").exists():
+            return None
+        dirty = _read(d / "dirty_data") or "unknown"
+        return (f"/dev/{device}, bcache runs it without its cache set (state no cache: the "
+                "kernel detaches a cache whose SSD fails; reads go to the origin), "
+                f"dirty data {dirty}")
+    # dm-cache's verdict (`dmsetup status`) needs root and device-mapper's tools, which a
+    # training image lacks: for dm-cache and lvmcache the host's `hotcache status`,
+    # doctor and metrics report it.
+    return None
+
+
 def backing_of(path: Path) -> Backing:
     found = mount_of(path)
     if found is None:
@@ -142,4 +163,4 @@ def backing_of(path: Path) -> Backing:
     device, cache, detail, rotational = classify(devnum)
     uuid, label = fs_identity(path)
     return Backing(mnt, fstype, source, devnum, device, cache, detail, rotational, root,
-                   uuid, label)
+                   uuid, label, cache_failure(devnum, device, cache))

@@ -145,6 +145,8 @@ class DataRoot(os.PathLike):
         if c.state != "cold":
             parts += [f"name={c.name}", f"version={c.version}", f"verified_at={c.verified_at}"]
         parts += [f"fs={b.fstype}", f"device={b.device or b.source}", f"cache={b.cache}"]
+        if b.cache_failed:
+            parts.append("cache_state=failed")
         if b.mount_root not in (None, "/"):
             parts.append(f"mount_root={b.mount_root}")
         parts.append(f"view={self.view.state}")
@@ -328,6 +330,9 @@ def data_root(default: str | os.PathLike | None = None, expect: str | None = Non
         target.info(json.dumps(root.to_dict(), sort_keys=True) if json_log else root.log_line())
     if root.view.state == "stale" and (target := ready(logger, logging.WARNING)):
         target.warning(f"data_root STALE: {root.view.reason}")
+    if root.backing.cache_failed and (target := ready(logger, logging.WARNING)):
+        target.warning(f"data_root: cache failed: {root.backing.cache_failed}; "
+                       "`hotcache status` on the host says what to do")
     if expect == "hot" and root.hot == "partial":
         raise DataRootError(f"{ENV} {path} is a partial hot copy ({root.fraction:.0%} of its "
                             f"source's files), and a whole hot copy was expected",

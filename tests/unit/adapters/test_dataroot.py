@@ -259,3 +259,41 @@ def test_a_handler_of_the_applications_own_on_hotcaches_logger_is_used_alone(roo
     shown = run_plain({"DATA_ROOT": str(roots[1])}, own)
     assert shown.returncode == 0, shown.stderr
     assert shown.stderr == "" and shown.stdout.startswith(f"data_root path={roots[1]} ")
+
+
+def test_a_bcache_running_without_its_cache_set_is_reported_failed(tmp_path, monkeypatch):
+    """bcache's state is in sysfs for everyone: a backing device that runs without its
+    cache set (what the kernel does when the SSD fails) is named, with its dirty data; one
+    with its cache attached is not."""
+    sysroot = tmp_path / "sys"
+    (sysroot / "dev" / "block").mkdir(parents=True)
+    monkeypatch.setattr(blockinfo, "SYS_DEV_BLOCK", sysroot / "dev" / "block")
+    bc = sysroot / "devices" / "virtual" / "block" / "bcache0" / "bcache"
+    bc.mkdir(parents=True)
+    (sysroot / "dev" / "block" / "252:0").symlink_to(bc.parent)
+    (bc / "state").write_text("clean\n")
+    (bc / "cache").symlink_to(tmp_path)             # attached to a cache set
+    assert blockinfo.cache_failure("252:0", "bcache0", "bcache") is None
+    (bc / "cache").unlink()
+    (bc / "state").write_text("no cache\n")
+    (bc / "dirty_data").write_text("0.0k\n")
+    said = blockinfo.cache_failure("252:0", "bcache0", "bcache")
+    assert said.startswith("/dev/bcache0, bcache runs it without its cache set") and \
+        said.endswith("dirty data 0.0k"), said
+    assert blockinfo.cache_failure("253:4", "dm-4", "dm-cache") is None   # needs root: host
+
+
+def test_data_root_warns_when_the_cache_failed(roots, monkeypatch, caplog):
+    """The job's own log says the cache failed, in the words status uses; the line
+    carries cache_state=failed."""
+    from hotcache.adapters import dataroot
+
+    real = dataroot.backing_of
+    monkeypatch.setattr(dataroot, "backing_of", lambda p: blockinfo.Backing(
+        **{**real(p).to_dict(), "cache": "bcache", "cache_failed": "/dev/bcache0, it broke"}))
+    monkeypatch.setenv("DATA_ROOT", str(roots[1]))
+    caplog.set_level(logging.INFO, logger="hotcache.adapters")
+    data_root(json_log=False)
+    line, warning = lines(caplog)
+    assert "cache=bcache cache_state=failed" in line
+    assert warning.startswith("data_root: cache failed: /dev/bcache0, it broke")
