@@ -56,6 +56,7 @@ class Code(StrEnum):
     CACHE_TOO_SMALL = "CACHE_TOO_SMALL"                  # block cache smaller than its data
     NO_ROOM_TO_REFRESH = "NO_ROOM_TO_REFRESH"            # plain SSD: copies cannot be refreshed
     THRASHING = "THRASHING"
+    WAITING_FOR_SSD = "WAITING_FOR_SSD"                  # a failed SSD was taken off
 
 
 # The fix for each code: a template filled with the facts of the finding.
@@ -81,8 +82,9 @@ ADVICE: dict[str, str] = {
     Drift.CACHE_FAILED: "the SSD under {name} failed; what is not dirty is on the origin. "
                         "`hotcache teardown {name} --cache-failed` takes the cache apart "
                         "without its SSD and leaves the origin with its filesystem (with "
-                        "dirty data lost it asks for --accept-loss); then replace the SSD "
-                        "and build the cache again",
+                        "dirty data lost it asks for --accept-loss); then name a new SSD "
+                        "in its spec and `hotcache apply SPEC` attaches a new cache to that "
+                        "filesystem",
     Drift.STATS_UNREADABLE: "`hotcache status {name}` shows the details; `hotcache apply "
                             "SPEC` repairs drift",
     Code.MAPPING_UNREADABLE: "{hint}",
@@ -108,6 +110,10 @@ ADVICE: dict[str, str] = {
     Code.CACHE_TOO_SMALL: "pin a subset: `hotcache copy SRC DEST --fit` on an SSD filesystem, "
                           "and read the rest from the origin (DATA_COLD_ROOT)",
     Code.NO_ROOM_TO_REFRESH: "make room (`hotcache prune`), or copy with `--fit`",
+    Code.WAITING_FOR_SSD: "name a new SSD as the cache device in {name}'s spec and run "
+                          "`hotcache apply SPEC`: a new cache is attached to the filesystem "
+                          "the origin kept; `hotcache teardown {name} --forget` drops the "
+                          "record instead",
     Code.THRASHING: "`hotcache status --interval 60` shows promotions against demotions; "
                     "pin a subset with `hotcache copy --fit`",
 }
@@ -146,7 +152,8 @@ class Options:
 def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
     runner = runner or Runner()
     try:
-        caches = mapping.load(opts.state)["caches"]
+        data = mapping.load(opts.state)
+        caches = data["caches"]
     except HotcacheError as exc:
         return [Finding.coded("mapping", PROBLEM, str(opts.state), exc.message,
                               Code.MAPPING_UNREADABLE,
@@ -163,6 +170,7 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
         *check_drift(rows),
         *check_space_and_copies(caches, rows, opts),
         *check_working_set(rows),
+        *check_waiting_for_ssd(data),
     ]
     if os.geteuid() != 0:
         findings.insert(0, Finding.coded("root", WARNING, "doctor",
@@ -170,6 +178,17 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
                                          "UUIDs could not all be read, so drift findings may "
                                          "be wrong", Code.NOT_ROOT))
     return findings
+
+
+def check_waiting_for_ssd(data: dict) -> list[Finding]:
+    """Caches whose failed SSD a teardown took off: their data is read without a cache."""
+    from hotcache.provision.engine.reattach import waiting
+
+    return [Finding.coded("cache", WARNING, w["name"],
+                          f"{w['name']} has no cache: its failed SSD was taken off, and its "
+                          f"origin {w['origin']} keeps the filesystem {w['filesystem_uuid']}, "
+                          "read without a cache", Code.WAITING_FOR_SSD, name=w["name"])
+            for w in waiting(data)]
 
 
 def used_backends(caches: dict) -> set[str]:

@@ -271,3 +271,18 @@ def test_status_says_which_cache_waits_for_a_new_ssd(fake):
     doc = json.loads(hotcache("status", "--json", env=env).stdout)
     assert doc["caches"] == [] and doc["ok"] is True
     assert [(w["name"], w["filesystem_uuid"]) for w in doc["waiting_for_ssd"]] == [("c1", FS)]
+
+
+def test_doctor_warns_of_a_cache_waiting_for_a_new_ssd(fake):
+    """doctor's finding is a warning (the data is readable, without a cache) whose fix is
+    the apply that attaches a new SSD; a failed cache's advice leads there too."""
+    from hotcache.provision.engine.status import Code as Drift
+    from hotcache.provision.observe import doctor
+
+    detach(fake, "dm-cache", DM_STATE, {})
+    (found,) = doctor.check_waiting_for_ssd(mapping.load(fake.env_.state))
+    assert (found.severity, found.code, found.subject) == ("warning", "WAITING_FOR_SSD", "c1")
+    assert FS in found.message and "virtio-hdd1" in found.message
+    assert "`hotcache apply SPEC`" in found.fix and "teardown c1 --forget" in found.fix
+    assert "hotcache apply SPEC` attaches a new cache" in doctor.advice(Drift.CACHE_FAILED,
+                                                                          name="c1")
