@@ -167,13 +167,20 @@ class LvmCache(Backend):
             lv = existing_lv(self.host, dev.node)
             if lv and st.adopted and lv == (st.vg, st.origin_lv):
                 return True   # the LV this cache adopted (mounted by hotcache since)
-            if lv and dev.report is not None and not dev.report.hard_problems():
-                # An idle LV with data, named as origin: attach the cache in place. A
-                # mounted, held or root LV goes through the refusals like any device.
+            if lv and not st.vg and dev.report is not None \
+                    and not dev.report.hard_problems():
+                # An idle LV with data, named as origin of a cache not built yet: attach
+                # the cache in place. A mounted, held or root LV goes through the
+                # refusals like any device; once a VG is recorded, only its LV is ours.
                 return True
         vg = st.vg
         if not vg or not dev.proven or dev.fs.get("TYPE") != "LVM2_member" \
                 or not isinstance(dev.node, str):
+            return False
+        # The PV hotcache made, by its UUID where recorded: another PV in the same VG is
+        # not this device.
+        pv_uuid = (st.pv_uuids or {}).get(dev.role)
+        if pv_uuid and dev.fs.get("UUID") != pv_uuid:
             return False
         return pv_vg(self.host, dev.node) == vg
 

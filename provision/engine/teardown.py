@@ -43,6 +43,11 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
     if wipe and forget:
         raise UsageError("--forget touches no device, so it cannot --wipe",
                          hint=f"`hotcache teardown {name} --forget` alone")
+    if wipe and name in reattach.detached(data):
+        raise RefusedError(f"{name}'s origin holds the filesystem kept when its failed SSD "
+                           "was taken off (the new SSD's apply did not finish); --wipe would "
+                           "erase it; nothing was changed",
+                           hint=f"`hotcache teardown {name}` without --wipe keeps it")
     backend = get_backend(entry.backend, env.host)
     seen = {role: recorded.current_node(entry, role, env.host) for role in entry.devices}
     why = backend.live(entry, seen)
@@ -170,8 +175,9 @@ def _plan_failed(name: str, entry: CacheEntry, env: Env, seen: dict,
                       + ("" if dirty == 0 else "; run `xfs_repair -n` on it first, since "
                          "writes that were on the SSD only are lost")
                       + f". A new SSD: put it in, name it as the cache device in {name}'s "
-                        "spec and run `hotcache apply SPEC`: the new cache is attached to "
-                        "this filesystem, which is kept (warm-up starts over)")
+                        "spec (same backend and origin) and run `hotcache apply SPEC`: the "
+                        "new cache is attached to this filesystem, which is kept (warm-up "
+                        "starts over)")
     return plan
 
 
@@ -211,12 +217,14 @@ def _remove_fstab_entry(p: Planner, name: str, entry: CacheEntry) -> None:
 def _forget(p: Planner, name: str, env: Env, entry: CacheEntry, kept: list,
             detached: Callable[[dict], None] | None = None) -> None:
     """Queue the step that removes the cache's entry (and records what outlives it: kept
-    images, or, through `detached`, an origin waiting for a new SSD)."""
+    images, or, through `detached`, an origin waiting for a new SSD). A re-attach that did
+    not finish left the record of the origin it started from: it goes with the entry."""
     def forget(ctx):
         if ctx.runner.dry_run:
             return
         with mapping.editing(env.state) as state:
             state["caches"].pop(name, None)
+            reattach.forget(state, name)
             for role, image in kept:
                 images.record(state, image, name, entry, role)
             if detached is not None:

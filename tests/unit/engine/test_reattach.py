@@ -286,3 +286,28 @@ def test_doctor_warns_of_a_cache_waiting_for_a_new_ssd(fake):
     assert "`hotcache apply SPEC`" in found.fix and "teardown c1 --forget" in found.fix
     assert "hotcache apply SPEC` attaches a new cache" in doctor.advice(Drift.CACHE_FAILED,
                                                                           name="c1")
+
+
+def test_lvmcache_origin_must_be_the_recorded_pv(fake):
+    """Another PV of the recorded VG named as the origin (its PV UUID is not the one
+    recorded) is not what the failed cache left: refused before anything runs."""
+    detach(fake, "lvmcache", LV_KEPT, LV_KEPT)
+    fake.fs("vdb", "LVM2_member", "pv-someone-else")
+    fake.pvs["/dev/vdb"] = "hc_c1"
+    with pytest.raises(RefusedError, match="no longer carries what the failed cache left"):
+        apply(fake, "lvmcache")
+
+
+def test_a_normal_teardown_of_an_unfinished_reattach_drops_the_record_and_never_wipes(fake):
+    """The new SSD's apply died after recording the cache as building: a teardown with
+    --wipe is refused (the origin holds the kept filesystem); `--forget` drops the
+    waiting record with the entry."""
+    dm_detached(fake)
+    plan = apply(fake, "dm-cache")
+    run_step(plan, "record c1 in the mapping as building")
+    with pytest.raises(RefusedError, match="--wipe would erase it"):
+        plan_teardown("c1", fake.env_, wipe=True)
+    plan = plan_teardown("c1", fake.env_, forget=True)    # its tables never loaded
+    run_step(plan, "remove c1 from the mapping")
+    data = mapping.load(fake.env_.state)
+    assert "c1" not in data["caches"] and "detached" not in data
