@@ -39,6 +39,7 @@ from hotcache.provision.hotcopy.format import (FORMAT, MANIFEST, METADATA, STAGI
 from hotcache.provision.system.clock import now
 from hotcache.provision.system.meter import NullMeter
 from hotcache.provision.hotcopy.selection import Entries, Entry, select
+from hotcache.provision.hotcopy.spool import Spool
 from hotcache.provision.hotcopy.staging import Staging
 from hotcache.provision.hotcopy.sizing import FITS
 from hotcache.provision.hotcopy.subset import advice_for, sized
@@ -171,11 +172,12 @@ DIGEST = 32                              # bytes of a sha256 in the compact arra
 class Plan:
     """What a run does with each file of the selection, by its index there: one byte of
     `kinds` and, for a file whose sha256 is already known (linked, checked or resumed),
-    32 bytes of `known`. No Python object per file, so millions of files fit in a few
-    tens of MiB."""
+    32 bytes of `known`. No Python object per file; the digests (like the selection) are
+    spooled to an unnamed file, so at millions of files only `kinds` (a byte a file)
+    stays in memory."""
     entries: Entries
     kinds: bytearray
-    known: bytearray
+    known: Spool
     old: dict | None
     same_names: bool            # the published manifest lists exactly these paths
     counts: list[int] = field(default_factory=lambda: [0] * 4)
@@ -186,12 +188,15 @@ class Plan:
         return self.sizes[COPY] + self.sizes[CHECK]
 
 
-def make_plan(entries: Entries, dest: Path, journal: dict, checksum: bool) -> Plan:
+def make_plan(entries: Entries, dest: Path, journal: dict, checksum: bool,
+              spool_dir: int | None = None) -> Plan:
     """The selection (in path order) merged with the published copy's manifest (read in
-    path order, a line at a time): nothing is held per file of the old copy."""
+    path order, a line at a time): nothing is held per file of the old copy. The digests
+    are spooled beneath `spool_dir` (the folder holding the staging folder: the copy's own
+    disk) when given."""
     old = read_metadata(dest) if dest.is_dir() else None
     n = len(entries)
-    plan = Plan(entries, bytearray(n), bytearray(DIGEST * n), old, old is not None)
+    plan = Plan(entries, bytearray(n), Spool(DIGEST * n, spool_dir), old, old is not None)
     failed = set((old or {}).get("verify_failed") or ())
     published = _in_path_order(dest / MANIFEST) if old else iter(())
     cur = next(published, None)
@@ -440,7 +445,7 @@ def _plan(src: Path, place: Place, staging: Staging, entries: Entries,
                                f"({staging.source()})",
                                hint=f"finish that copy, or remove {staging.path}")
         journal = staging.journaled() if staging.source() else {}
-    return make_plan(entries, place.dest, journal, opts.checksum)
+    return make_plan(entries, place.dest, journal, opts.checksum, staging.parent_fd)
 
 
 def _same(plan: Plan, opts: CopyOptions, name: str) -> bool:
@@ -456,7 +461,7 @@ def _resumed(plan: Plan) -> set[str]:
 
 
 def _run(src, src_fd, place: Place, staging: Staging, plan: Plan, opts, owner, mode,
-         meter) -> tuple[bytearray, int]:
+         meter) -> tuple[Spool, int]:
     """Copy/link everything in the plan; returns the sha256 of every selected file (32
     bytes each, in the selection's order) and how many files --checksum found changed.
     The work is handed to the threads a window of batches at a time, as the selection
@@ -563,7 +568,7 @@ def _fail(exc: BaseException, staging: Staging, dest: Path, plan: Plan, checkpoi
                                  "files are not copied again") from exc
 
 
-def _read_back(staging: Staging, entries: Entries, digests: bytearray,
+def _read_back(staging: Staging, entries: Entries, digests: Spool,
                opts: CopyOptions, meter: NullMeter) -> str:
     """--verify: make the copy durable, drop it from the page cache and hash it again from
     the device. Files that read back wrong are removed from the staging folder (and its
@@ -583,7 +588,7 @@ def _read_back(staging: Staging, entries: Entries, digests: bytearray,
     return now()
 
 
-def _pairs(entries: Entries, digests: bytearray) -> Iterator[tuple[str, str]]:
+def _pairs(entries: Entries, digests: Spool) -> Iterator[tuple[str, str]]:
     """(path, sha256 hex) of every selected file, in path order, one at a time."""
     for i in range(len(entries)):
         yield entries.rel(i), digests[i * DIGEST:(i + 1) * DIGEST].hex()

@@ -13,7 +13,7 @@ import fnmatch
 import hashlib
 import os
 import stat
-from array import array
+import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +21,7 @@ from pathlib import Path
 from hotcache.provision.errors import UsageError
 from hotcache.provision.system import beneath
 from hotcache.provision.hotcopy.format import RESERVED, STAGING_SUFFIX
+from hotcache.provision.hotcopy.spool import Spool
 
 
 @dataclass(frozen=True)
@@ -41,39 +42,48 @@ class Entry:
 
 
 class Entries(Sequence):
-    """The entries of a selection in compact columns instead of one Python object per
-    file: the paths in one byte string, the numbers in arrays (about 60 bytes a file
-    instead of 500). An Entry is made on demand when one is read. At millions of files
-    this is what keeps a copy's memory far below the dataset's file count times 1 KiB."""
+    """The entries of a selection kept out of memory: the paths in one byte string and the
+    numbers in fixed 48-byte records, both spooled to unnamed temporary files (Spool), so
+    the kernel keeps them in its page cache rather than in the process's memory. An Entry
+    is made on demand when one is read. At millions of files this keeps a copy's memory
+    almost flat in the file count (only the rare symlinks are held in memory)."""
 
-    __slots__ = ("_blob", "_ends", "_nums", "_targets", "bytes")
-    _WIDTH = 5   # size, mtime_ns, mode, dev, ino
+    __slots__ = ("_blob", "_recs", "_targets", "_n", "bytes")
+    _REC = struct.Struct("<6q")   # end of the path in _blob, size, mtime_ns, mode, dev, ino
 
     def __init__(self, entries: Iterable[Entry] = ()):
-        self._blob = bytearray()
-        self._ends = array("Q")
-        self._nums = array("q")
+        self._blob = Spool()
+        self._recs = Spool()
         self._targets: dict[int, str] = {}   # symlinks (rare): index -> the file named
+        self._n = 0
         self.bytes = 0
         for e in entries:
             self.append(e)
 
     def append(self, e: Entry) -> None:
         if e.via_symlink:
-            self._targets[len(self._ends)] = e.target
+            self._targets[self._n] = e.target
         self._blob += os.fsencode(e.rel)
-        self._ends.append(len(self._blob))
-        self._nums.extend((e.size, e.mtime_ns, e.mode, e.dev, e.ino))
+        self._recs += self._REC.pack(len(self._blob), e.size, e.mtime_ns, e.mode, e.dev, e.ino)
+        self._n += 1
         self.bytes += e.size
 
     def __len__(self) -> int:
-        return len(self._ends)
+        return self._n
+
+    def _record(self, i: int) -> tuple[int, ...]:
+        w = self._REC.size
+        return self._REC.unpack(self._recs[i * w:(i + 1) * w])
+
+    def _rel(self, i: int, end: int) -> str:
+        start = self._record(i - 1)[0] if i else 0
+        return os.fsdecode(self._blob[start:end])
 
     def rel(self, i: int) -> str:
-        return os.fsdecode(bytes(self._blob[self._ends[i - 1] if i else 0:self._ends[i]]))
+        return self._rel(i, self._record(i)[0])
 
     def size(self, i: int) -> int:
-        return self._nums[i * self._WIDTH]
+        return self._record(i)[1]
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -82,9 +92,10 @@ class Entries(Sequence):
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError(i)
-        size, mtime_ns, mode, dev, ino = self._nums[i * self._WIDTH:(i + 1) * self._WIDTH]
+        end, size, mtime_ns, mode, dev, ino = self._record(i)
         target = self._targets.get(i, "")
-        return Entry(self.rel(i), size, mtime_ns, mode, i in self._targets, dev, ino, target)
+        return Entry(self._rel(i, end), size, mtime_ns, mode, i in self._targets, dev, ino,
+                     target)
 
     def __iter__(self) -> Iterator[Entry]:
         return (self[i] for i in range(len(self)))
