@@ -151,6 +151,13 @@ def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch,
     --cache-failed` ends with exit 0, the entry, unit and fstab line gone, every file on
     the LV, now the origin alone; then a new SSD is attached with `hotcache apply`, the
     filesystem kept, and every file reads back through the new cache."""
+    # The case above took slvm down as teardown does: its data LV stays on ssd2's first
+    # partition. Remove it, as an administrator done with that data would.
+    cfg = ["--config", "devices { use_devicesfile=0 }"]
+    if subprocess.run(["vgs", *cfg, "hc_slvm"], capture_output=True).returncode == 0:
+        sh("timeout", "60", "vgchange", *cfg, "--activate", "n", "hc_slvm")
+        sh("timeout", "60", "vgremove", *cfg, "--force", "hc_slvm")
+    sh("wipefs", "--all", "/dev/disk/by-id/virtio-ssd2-part1")
     part = os.path.realpath("/dev/disk/by-id/virtio-ssd2-part2")
     conf = tmp_path / "lvm"
     conf.mkdir()
