@@ -294,7 +294,8 @@ def test_failed_ssd_named_and_torn_down(backend, n, hdd):
     assert res.code == 0, res.out
     assert "warm-up starts over" in res.out, res.out
     mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())
-    assert mapping["caches"][name]["state"] == "ready" and "detached" not in mapping
+    assert mapping["caches"][name]["state"] == "ready"
+    assert name not in mapping.get("detached", {})
     assert mapping["caches"][name]["filesystem"]["uuid"] == fs_uuid     # not formatted
     assert f"UUID={fs_uuid}" in (PERSIST / "fstab").read_text()
     assert (PERSIST / "units" / f"hotcache-restore-{name}.service").exists()
@@ -348,6 +349,12 @@ def test_failed_writeback_ssd_needs_the_loss_acknowledged():
     res = hotcache("teardown", name, "--cache-failed", "--accept-loss", accept, "--yes")
     assert res.code == 0, res.out
     assert "xfs_repair -n" in res.out, res.out
-    assert name not in yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"]
+    mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())
+    assert name not in mapping["caches"] and name in mapping["detached"]
+    # No new SSD for this one: the administrator drops the record, as status advises.
+    res = hotcache("teardown", name, "--forget", "--yes")
+    assert res.code == 0, res.out
+    assert name not in yaml.safe_load((PERSIST / "mappings.yaml").read_text()).get(
+        "detached", {})
     sh("dmsetup", "remove", dm)
     sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
