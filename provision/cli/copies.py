@@ -275,6 +275,7 @@ def prune(
 
     from hotcache.provision.errors import UsageError
     from hotcache.provision.hotcopy import prune as p
+    from hotcache.provision.hotcopy.catalog import recorded_asides
     from hotcache.provision.system.sizes import size
 
     yes = yes and not dry_run
@@ -293,17 +294,19 @@ def prune(
     where = [Path(os.path.abspath(r)) for r in roots or []] or p.roots_from_mapping(state)
     found = p.find(where, keep=keep, staging_hours=staging_hours,
                    tf_caches=[Path(os.path.abspath(t)) for t in tf_cache], keep_keys=keys,
-                   older_than_days=older_than, recorded=p.recorded_copies(state))
-    doomed = [c for c in found if not c.busy]
+                   older_than_days=older_than, recorded=p.recorded_copies(state),
+                   asides=recorded_asides(state))
+    doomed = [c for c in found if not c.busy and not c.kept]
     if yes:
         for c in doomed:
-            p.remove(c)
+            p.remove(c, state)
     c_ = console()
     total = sum(c.bytes for c in doomed)
     if as_json:
         return emit({"dry_run": not yes, "roots": [str(w) for w in where],
                      "candidates": [c.to_dict() for c in doomed],
                      "kept_busy": [c.to_dict() for c in found if c.busy],
+                     "kept_not_ours": [c.to_dict() for c in found if c.kept],
                      "bytes": total, "freed_bytes": total if yes else 0}, "prune")
     verb = "removed" if yes else "would remove"
     for c in doomed:
@@ -311,6 +314,8 @@ def prune(
     for c in found:
         if c.busy:
             c_.print(f"[yellow]kept[/] {c.path}: held open by {c.busy}", soft_wrap=True)
+        elif c.kept:
+            c_.print(f"[yellow]kept[/] {c.path}: {c.kept}", soft_wrap=True)
     if not found:
         return c_.print(f"nothing to prune under {', '.join(map(str, where)) or '(no roots)'}")
     c_.print(f"{'freed' if yes else 'would free'} {size(total)} in {len(doomed)} folder(s)"

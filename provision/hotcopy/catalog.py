@@ -7,9 +7,12 @@ import os
 from pathlib import Path
 
 from hotcache.provision import mapping
+from hotcache.provision.errors import HotcacheError
 from hotcache.provision.hotcopy.format import METADATA, STAGING_SUFFIX, copy_state
 from hotcache.provision.records import CacheEntry, HotCopy
+from hotcache.provision.system.clock import now
 
+ASIDES = "asides"      # the mapping's key: folders hotcache renamed aside, by identity
 RECORDED = ("name", "version", "files", "bytes", "copied_at", "verified_at", "verify_ok")
 
 
@@ -75,3 +78,51 @@ def find(roots: list[Path], state: Path | None) -> list[dict]:
                 rows[str(c)] = describe(c, found[0] if found else None)
     return sorted(rows.values(), key=lambda r: r["path"])
 
+
+def record_aside(aside: Path, st: os.stat_result, state: Path | None) -> bool:
+    """Note, before hotcache renames a folder to `aside`, that the folder with this
+    device, inode and owner at `aside` is hotcache's: prune deletes a `.hotcache-old` or
+    `.hotcache-pruning` folder only when it is recorded here. Without a mapping file
+    nothing is recorded (False), and neither when the mapping cannot be written (an
+    account other than its owner): such a leftover is then only reported, never deleted."""
+    path = mapping.state_path(state and str(state))
+    if not path.exists():
+        return False
+    try:
+        with mapping.editing(path) as data:
+            asides = dict(data.get(ASIDES) or {})
+            asides[str(aside)] = {"dev": st.st_dev, "inode": st.st_ino, "uid": st.st_uid,
+                                  "at": now()}
+            data[ASIDES] = asides
+    except (HotcacheError, OSError):
+        return False
+    return True
+
+
+def drop_aside(aside: Path, state: Path | None) -> None:
+    """Forget an aside folder once it is gone."""
+    path = mapping.state_path(state and str(state))
+    if not path.exists() or str(aside) not in recorded_asides(state):
+        return
+    with mapping.editing(path) as data:
+        asides = dict(data.get(ASIDES) or {})
+        asides.pop(str(aside), None)
+        if asides:
+            data[ASIDES] = asides
+        else:
+            data.pop(ASIDES, None)
+
+
+def recorded_asides(state: Path | None) -> dict[str, tuple[int, int, int]]:
+    """path -> (dev, inode, uid) of each folder hotcache recorded before renaming it
+    aside; a malformed record is left out (that folder is then only reported)."""
+    path = mapping.state_path(state and str(state))
+    if not path.exists():
+        return {}
+    out = {}
+    raw = mapping.load(path).get(ASIDES) or {}
+    for where, rec in (raw.items() if isinstance(raw, dict) else []):
+        if isinstance(rec, dict) and all(isinstance(rec.get(k), int)
+                                         for k in ("dev", "inode", "uid")):
+            out[str(where)] = (rec["dev"], rec["inode"], rec["uid"])
+    return out

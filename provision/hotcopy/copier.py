@@ -400,7 +400,7 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> d
             return {**summary, "version": opts.version or next_version(old), "changed": False,
                     "dry_run": True}
         existed = staging.is_open
-        staging.create(src)
+        staging.create(src, dest)
         if existed:
             staging.prune(_resumed(plan))
         digests, recopied = _run(src, src_fd, place, staging, plan, opts, owner, mode, meter)
@@ -418,7 +418,7 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> d
         except OSError as exc:
             _fail(exc, staging, dest, plan, lambda: None)
             raise
-        _publish(staging, place, meter)
+        _publish(staging, place, meter, opts.state)
         # Only now, with DEST in place, does the top folder get its owner and mode: until
         # the rename it stays root's 0700, so nobody can move it or change what it holds.
         # A mountpoint DEST keeps its own unless --owner/--mode say otherwise.
@@ -626,7 +626,8 @@ def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old,
     return meta
 
 
-def _publish(staging: Staging, place: Place, meter: NullMeter) -> None:
+def _publish(staging: Staging, place: Place, meter: NullMeter,
+             state: Path | None = None) -> None:
     """One rename makes the copy visible; a refresh swaps old and new in one step. Both
     names are taken relative to the parent's descriptor and checked to still be the
     folders hotcache holds open, so a symlink or folder planted meanwhile is refused."""
@@ -656,6 +657,11 @@ def _publish(staging: Staging, place: Place, meter: NullMeter) -> None:
                 raise
             # No RENAME_EXCHANGE here: a moment without DEST beats a mixed tree.
             aside = f".{dest.name}.hotcache-old"
+            # Recorded before the rename: prune deletes a leftover at an aside name only
+            # when hotcache recorded that folder there (anyone may name a folder so).
+            from hotcache.provision.hotcopy.catalog import record_aside
+
+            record_aside(dest.parent / aside, place.dest_stat, state)
             beneath.rename_at(pfd, dest.name, pfd, aside, beneath.RENAME_NOREPLACE)
             beneath.rename_at(pfd, staging.name, pfd, dest.name, beneath.RENAME_NOREPLACE)
         os.fsync(pfd)

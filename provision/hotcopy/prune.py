@@ -15,6 +15,12 @@ group-writable tier anyone can name a folder `.x.hotcache-old` or plant a copy w
 later `copied_at`, and neither may make root delete something that is not its own.
 Nor can a member rename root's own copy to such a name: a folder whose inode the
 mapping records as a hot copy is a candidate only at the path recorded for it.
+Root's own folders carry hotcache's names only where hotcache put them: a refresh or
+prune records a folder's device, inode and owner at its aside name in the mapping
+before the rename, and a `.X.hotcache-old` or `.X.hotcache-pruning` folder is deleted
+only when it is that recorded folder; a staging folder only when it holds the header
+hotcache wrote naming the DEST whose staging folder sits at this path. Anything else
+with such a name is reported as "not hotcache's" and kept.
 
 A dry run by default. Nothing a process holds open (cwd, open file, mapping: the check
 `teardown` uses) is touched. Deletion never follows a symlink: each candidate is reached
@@ -34,6 +40,7 @@ from pathlib import Path
 
 from hotcache.provision.errors import UsageError
 from hotcache.provision.hotcopy.format import METADATA, STAGING_SUFFIX, read_metadata
+from hotcache.provision.hotcopy.staging import made_here
 from hotcache.provision.system import beneath
 
 OLD_SUFFIX = ".hotcache-old"
@@ -49,6 +56,7 @@ class Candidate:
     dev: int = 0
     ino: int = 0
     busy: str | None = None   # who holds it open: then it is kept
+    kept: str | None = None   # why it is only reported, never deleted
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -137,9 +145,11 @@ def _version_key(meta: dict):
 def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[Path],
          keep_keys: set[str] | None, older_than_days: float | None,
          now: float | None = None,
-         recorded: dict[tuple[int, int], str] | None = None) -> list[Candidate]:
+         recorded: dict[tuple[int, int], str] | None = None,
+         asides: dict[str, tuple[int, int, int]] | None = None) -> list[Candidate]:
     """`recorded`: (st_dev, st_ino) -> path of every hot copy the mapping records
-    (recorded_copies)."""
+    (recorded_copies); `asides`: path -> (st_dev, st_ino, st_uid) of every folder
+    hotcache recorded before renaming it aside (catalog.recorded_asides)."""
     if keep < 1:
         raise UsageError(f"--keep {keep}: keep at least 1 version of each copy")
     now = time.time() if now is None else now
@@ -147,9 +157,10 @@ def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[
     seen: set = set()
     copies: dict[str, list[tuple[dict, Path]]] = {}
 
-    def add(kind: str, path: Path, why: str) -> None:
+    def add(kind: str, path: Path, why: str, kept: str | None = None) -> None:
         st = os.lstat(path)
-        found.append(Candidate(kind, str(path), tree_bytes(path, seen), why, st.st_dev, st.st_ino))
+        found.append(Candidate(kind, str(path), tree_bytes(path, seen), why, st.st_dev,
+                               st.st_ino, kept=kept))
 
     me = os.geteuid()
     for root in roots:
@@ -170,11 +181,24 @@ def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[
                 continue
             if name.endswith(STAGING_SUFFIX):
                 idle = (now - _newest_mtime(folder)) / 3600
-                if idle >= staging_hours and _unlocked(folder):
+                if idle < staging_hours or not _unlocked(folder):
+                    continue
+                if made_here(folder):
                     add("staging", folder, f"an interrupted copy, untouched for {idle:.0f} h "
                                            "and not locked by a running copy")
+                else:
+                    add("staging", folder, "named like an interrupted copy",
+                        kept="not hotcache's (no header naming this place as its DEST)")
             elif name.endswith((OLD_SUFFIX, PRUNING_SUFFIX)):
-                add("refresh-leftover", folder, "the old tree a refresh or prune left behind")
+                # The name proves nothing (anyone who can write here can give a folder
+                # it, and root's own folders can be renamed to it): only the folder
+                # hotcache recorded at this path before renaming it aside is deleted.
+                if (asides or {}).get(str(folder)) == (st.st_dev, st.st_ino, st.st_uid):
+                    add("refresh-leftover", folder,
+                        "the old tree a refresh or prune left behind")
+                else:
+                    add("refresh-leftover", folder, "named like a refresh leftover",
+                        kept="not hotcache's (not recorded)")
             elif (meta := read_metadata(folder)) is not None:
                 copies.setdefault(str(meta.get("name")), []).append((meta, folder))
     for name, versions in sorted(copies.items()):
@@ -198,6 +222,8 @@ def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[
     from hotcache.provision.block.busy import users_of
 
     for c in found:
+        if c.kept:
+            continue
         users = users_of(c.path)
         c.busy = "; ".join(users) if users else None
     return found
@@ -217,9 +243,14 @@ def _open_dir_nofollow(path: Path) -> int:
     return fd
 
 
-def remove(c: Candidate) -> None:
-    """Delete one listed folder: the same inode that was listed, renamed aside, removed
-    through directory fds (symlinks inside are removed, never followed)."""
+def remove(c: Candidate, state: Path | None = None) -> None:
+    """Delete one listed folder: the same inode that was listed, recorded in the mapping
+    at its aside name, renamed aside, removed through directory fds (symlinks inside are
+    removed, never followed), and its records dropped."""
+    from hotcache.provision.hotcopy.catalog import drop_aside, record_aside
+
+    if c.kept:
+        raise UsageError(f"{c.path} is {c.kept}; it is never deleted")
     path = Path(c.path)
     parent = _open_dir_nofollow(path.parent)
     try:
@@ -230,6 +261,9 @@ def remove(c: Candidate) -> None:
         aside = path.name if path.name.endswith(PRUNING_SUFFIX) else \
             f".{path.name.lstrip('.')}{PRUNING_SUFFIX}"
         if aside != path.name:
+            # recorded first: if the removal stops half way, the next prune knows the
+            # folder at the aside name as its own (without a mapping it only reports it)
+            record_aside(path.parent / aside, st, state)
             os.rename(path.name, aside, src_dir_fd=parent, dst_dir_fd=parent)
         # through descriptors (shutil.rmtree takes dir_fd only from Python 3.11)
         folder = beneath.open_at(parent, aside, os.O_RDONLY | os.O_DIRECTORY)
@@ -247,6 +281,9 @@ def remove(c: Candidate) -> None:
         os.fsync(parent)
     finally:
         os.close(parent)
+    drop_aside(path.parent / aside, state)
+    if aside != path.name:
+        drop_aside(path, state)
 
 
 def recorded_copies(state: Path | None) -> dict[tuple[int, int], str]:

@@ -1,7 +1,7 @@
 """The staging folder of a hot copy: where a copy is built before it is published. It
 lies next to DEST (`.{DEST.name}.hotcache-staging`), or inside DEST when DEST is a
 mountpoint, so that it is always on DEST's own filesystem. It is locked while a copy uses
-it, carries a header naming its source, and a journal of the files known to be on stable
+it, carries a header naming its source and DEST, and a journal of the files known to be on stable
 storage, so that a run killed at any point can resume.
 
 The folder is hotcache's or it is refused. It is made with mkdir (never reused blindly)
@@ -23,9 +23,11 @@ from typing import TextIO
 from pathlib import Path
 
 from hotcache.provision.errors import RefusedError
+from hotcache.provision.hotcopy.format import staging_dir
 from hotcache.provision.system import beneath
 
-HEADER = ".hotcache-staging.json"   # which source this staging folder belongs to
+HEADER = ".hotcache-staging.json"   # which source and DEST this staging folder belongs to
+HEADER_LIMIT = 2**16
 JOURNAL = ".hotcache-journal"       # one JSON line per finished file: rel, size, mtime, sha
 MODE = 0o700
 
@@ -35,6 +37,21 @@ def _user(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
+
+
+def made_here(folder: Path) -> bool:
+    """True when `folder` holds the header hotcache wrote into a staging folder it made
+    at exactly this path: the DEST named there puts its staging folder here (next to
+    DEST, or inside DEST when DEST is a mountpoint). A folder someone renamed to a
+    staging name, or hotcache's own staging folder moved from another DEST, is not."""
+    try:   # never through a symlink, a FIFO or a huge file planted at the header's name
+        dest = json.loads(beneath.read_regular(folder / HEADER, limit=HEADER_LIMIT))["dest"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if not isinstance(dest, str) or not os.path.isabs(dest):
+        return False
+    here = staging_dir(Path(dest))
+    return folder in (here, Path(dest) / here.name)
 
 
 class Staging:
@@ -102,7 +119,7 @@ class Staging:
         self.lock()
         return True
 
-    def create(self, src: Path) -> None:
+    def create(self, src: Path, dest: Path) -> None:
         """A new staging folder (mkdir; a folder already there is opened by `open`)."""
         if self._fd is None:
             os.mkdir(self.name, MODE, dir_fd=self.parent_fd)
@@ -121,8 +138,8 @@ class Staging:
             os.fchmod(fd, MODE)
             self._fd, self._st = fd, os.fstat(fd)
             self.lock()
-        beneath.write_file(self.fd, HEADER, json.dumps({"source": os.fsdecode(src)}).encode(),
-                           0o600)
+        header = {"source": os.fsdecode(src), "dest": os.fsdecode(dest)}
+        beneath.write_file(self.fd, HEADER, json.dumps(header).encode(), 0o600)
 
     def lock(self) -> None:
         """Hold an flock on the folder itself: a second copy to the same DEST is refused."""

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from hotcache.provision import mapping
 from hotcache.provision.errors import UsageError
+from hotcache.provision.hotcopy import catalog
 from hotcache.provision.hotcopy import prune
 from hotcache.provision.system import beneath
 from tests.helpers import hotcache_json
@@ -78,8 +80,11 @@ def test_a_folder_swapped_in_at_the_aside_name_is_not_emptied(shared, user, monk
     leftover = mnt / ".ds.hotcache-old"
     (leftover / "a").mkdir(parents=True)
     (leftover / "a" / "old").write_bytes(b"old tree\n")
+    state = Path(os.environ["HOTCACHE_STATE"])
+    mapping.save(state, mapping.empty())
+    catalog.record_aside(leftover, os.lstat(leftover), state)   # as a refresh does
     [cand] = prune.find([mnt], keep=1, staging_hours=24, tf_caches=[], keep_keys=None,
-                        older_than_days=None)
+                        older_than_days=None, asides=catalog.recorded_asides(state))
     bob = members_folder(mnt, "bob", user)
     before = digests(bob)
     real_open_at = beneath.open_at
@@ -94,7 +99,7 @@ def test_a_folder_swapped_in_at_the_aside_name_is_not_emptied(shared, user, monk
 
     monkeypatch.setattr(beneath, "open_at", member_swaps_first)
     with pytest.raises(UsageError, match="not the folder that was listed"):
-        prune.remove(cand)
+        prune.remove(cand, state)
     aside = mnt / seen[0]
     assert digests(aside) == before, "the member's folder was not emptied"
 
@@ -119,3 +124,29 @@ def test_roots_recorded_copy_renamed_to_a_leftover_name_is_not_deleted(sandbox, 
         assert rc == 0, out
         assert str(mp / name) not in {c["path"] for c in out["candidates"]}, out
         assert digests(mp / name) == before
+
+
+@pytest.mark.parametrize("name", [".keep.hotcache-old", ".keep.hotcache-pruning",
+                                  ".keep.hotcache-staging"])
+def test_roots_own_folder_renamed_to_a_hotcache_name_is_not_deleted(shared, user, name):
+    """Root's own folder (say, the administrator's notes, 0755) in the shared mount: a
+    member renames it to a leftover or staging name. It is root's, so the owner filter
+    passes it, and it is no recorded copy; prune keeps it because hotcache never
+    recorded that folder at that name (nor wrote a staging header into it)."""
+    mnt, _src, _victim = shared
+    state = Path(os.environ["HOTCACHE_STATE"])
+    mapping.save(state, mapping.empty())
+    notes = mnt / "notes"
+    (notes / "runbooks").mkdir(parents=True)
+    (notes / "runbooks" / "restore.txt").write_bytes(b"root's only runbook\n" * 50)
+    os.chmod(notes, 0o755)
+    os.utime(notes, (1, 1))
+    os.utime(notes / "runbooks", (1, 1))
+    os.utime(notes / "runbooks" / "restore.txt", (1, 1))
+    before = digests(notes)
+    os.rename(notes, mnt / name)                 # what any member of the group can do
+    rc, out = prune_yes(mnt, "--staging-hours", "0")
+    assert rc == 0, out
+    assert str(mnt / name) not in {c["path"] for c in out["candidates"]}, out
+    assert str(mnt / name) in {c["path"] for c in out["kept_not_ours"]}, out
+    assert digests(mnt / name) == before

@@ -3,6 +3,7 @@ listed, a copy a process holds open is kept, and deletion never follows a symlin
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -54,6 +55,7 @@ def tier(tmp_path):
     (old / "a").mkdir(parents=True)
     (old / "a" / "1.jpg").write_bytes(b"x" * 3000)
     (old / "a" / "escape").symlink_to(victim)           # a user's link out of the tier
+    staged_by_hotcache(old, ssd / "gone")
     age(old, 2 * DAY)
     fresh = ssd / ".resume.hotcache-staging"
     fresh.mkdir()
@@ -66,6 +68,12 @@ def tier(tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text("ds-2-bbbb\n")
     return tmp_path, ssd, tf, keys, victim
+
+
+def staged_by_hotcache(folder, dest):
+    """The header a copy to `dest` writes into its staging folder."""
+    (folder / ".hotcache-staging.json").write_text(json.dumps(
+        {"source": "/data/x", "dest": str(dest)}))
 
 
 def run(tmp_path, ssd, tf, keys, *extra):
@@ -138,3 +146,173 @@ def test_bad_options_change_nothing(tier):
                                *args, "--yes"], capture_output=True, text=True)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert snapshot(tmp_path) == before
+
+
+def sha256_tree(root):
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def leftover(ssd, name):
+    folder = ssd / name
+    (folder / "a").mkdir(parents=True)
+    (folder / "a" / "data").write_bytes(os.urandom(4000))
+    return folder
+
+
+def test_an_aside_folder_not_recorded_is_reported_and_never_deleted(tier):
+    """The account's own folder, named like a refresh leftover but never recorded by
+    hotcache before a rename, is kept and its bytes stay as they were."""
+    from hotcache.provision import mapping
+
+    tmp_path, ssd, tf, keys, _victim = tier
+    mapping.save(tmp_path / "m.yaml", mapping.empty())
+    bob = leftover(ssd, ".bob.hotcache-old")
+    pruning = leftover(ssd, ".x.hotcache-pruning")
+    before = sha256_tree(bob), sha256_tree(pruning)
+    rc, out = run(tmp_path, ssd, tf, keys, "--yes")
+    assert rc == 0, out
+    kept = {c["path"]: c["kept"] for c in out["kept_not_ours"]}
+    assert kept == {str(bob): "not hotcache's (not recorded)",
+                    str(pruning): "not hotcache's (not recorded)"}
+    assert str(bob) not in {c["path"] for c in out["candidates"]}
+    assert (sha256_tree(bob), sha256_tree(pruning)) == before
+
+
+def test_without_a_mapping_no_aside_folder_is_deleted(tier):
+    tmp_path, ssd, tf, keys, _victim = tier
+    old = leftover(ssd, ".ds.hotcache-old")
+    before = sha256_tree(old)
+    rc, out = run(tmp_path, ssd, tf, keys, "--yes")
+    assert rc == 0 and [c["path"] for c in out["kept_not_ours"]] == [str(old)]
+    assert sha256_tree(old) == before
+
+
+def test_a_recorded_aside_is_deleted_and_its_record_dropped(tier):
+    from hotcache.provision import mapping
+    from hotcache.provision.hotcopy import catalog
+
+    tmp_path, ssd, tf, keys, _victim = tier
+    state = tmp_path / "m.yaml"
+    mapping.save(state, mapping.empty())
+    old = leftover(ssd, ".ds.hotcache-old")
+    assert catalog.record_aside(old, os.lstat(old), state)
+    replaced = leftover(ssd, ".y.hotcache-old")       # recorded, then swapped for another
+    catalog.record_aside(replaced, os.lstat(replaced), state)
+    os.rename(replaced, tmp_path / "moved")
+    leftover(ssd, ".y.hotcache-old")
+    rc, out = run(tmp_path, ssd, tf, keys, "--yes")
+    assert rc == 0, out
+    assert str(old) in {c["path"] for c in out["candidates"]}
+    assert not os.path.lexists(old)
+    assert [c["path"] for c in out["kept_not_ours"]] == [str(ssd / ".y.hotcache-old")]
+    assert set(catalog.recorded_asides(state)) == {str(ssd / ".y.hotcache-old")}
+
+
+def test_prune_records_its_own_aside_before_renaming(tier, monkeypatch):
+    """A removal that stops after prune's rename leaves a `.hotcache-pruning` folder the
+    next prune knows as its own (recorded before the rename), and deletes."""
+    from hotcache.provision import mapping
+    from hotcache.provision.hotcopy import catalog
+    from hotcache.provision.system import beneath
+
+    tmp_path, ssd, _tf, _keys, _victim = tier
+    state = tmp_path / "m.yaml"
+    mapping.save(state, mapping.empty())
+    [cand] = [c for c in prune.find([ssd], keep=2, staging_hours=24, tf_caches=[],
+                                    keep_keys=None, older_than_days=None)
+              if c.kind == "old-version"]
+
+    def interrupted(fd):
+        raise OSError(5, "interrupted")
+
+    monkeypatch.setattr(beneath, "empty", interrupted)
+    with pytest.raises(OSError):
+        prune.remove(cand, state)
+    aside = ssd / ".ds-v1.hotcache-pruning"
+    assert aside.is_dir() and str(aside) in catalog.recorded_asides(state)
+    monkeypatch.undo()
+    again = prune.find([ssd], keep=2, staging_hours=24, tf_caches=[], keep_keys=None,
+                       older_than_days=None, asides=catalog.recorded_asides(state))
+    [c] = [c for c in again if c.path == str(aside)]
+    assert c.kept is None
+    prune.remove(c, state)
+    assert not aside.exists() and catalog.recorded_asides(state) == {}
+
+
+@pytest.mark.parametrize("header", [None, "/elsewhere/ds", "ds", "[1]", '{"dest": 7}'])
+def test_a_staging_folder_without_hotcaches_header_for_this_place_is_kept(tier, header):
+    """This account's folder renamed to a staging name (no header), or hotcache's own
+    staging folder moved here from another DEST, is reported, never deleted."""
+    tmp_path, ssd, tf, keys, _victim = tier
+    folder = leftover(ssd, ".mine.hotcache-staging")
+    if header is not None:
+        body = header if header.startswith(("[", "{")) else json.dumps({"dest": header})
+        (folder / ".hotcache-staging.json").write_text(body)
+    age(folder, 2 * DAY)
+    before = sha256_tree(folder)
+    rc, out = run(tmp_path, ssd, tf, keys, "--yes")
+    assert rc == 0, out
+    assert [c["path"] for c in out["kept_not_ours"]] == [str(folder)]
+    assert out["kept_not_ours"][0]["kept"].startswith("not hotcache's")
+    assert str(folder) not in {c["path"] for c in out["candidates"]}
+    assert sha256_tree(folder) == before
+
+
+def test_a_staging_folder_inside_a_mountpoint_dest_is_known_by_its_header(tier):
+    tmp_path, ssd, tf, keys, _victim = tier
+    folder = leftover(ssd / "mnt", ".mnt.hotcache-staging")
+    staged_by_hotcache(folder, ssd / "mnt")
+    age(folder, 2 * DAY)
+    rc, out = run(tmp_path, ssd, tf, keys, "--yes")
+    assert rc == 0 and str(folder) in {c["path"] for c in out["candidates"]}, out
+    assert not folder.exists()
+
+
+def test_a_refresh_records_the_old_tree_it_leaves_aside_and_prune_deletes_it(
+        tmp_path, monkeypatch):
+    """Where RENAME_EXCHANGE is not supported a refresh renames the old tree to
+    `.DEST.hotcache-old` first; if removing it then fails, the folder stays behind. It was
+    recorded before the rename, so prune knows it as hotcache's and deletes it."""
+    import errno
+
+    from hotcache.provision import mapping
+    from hotcache.provision.hotcopy import catalog, copier
+    from hotcache.provision.system import beneath
+    from tests.unit.hotcopy.test_copy import make_dataset
+
+    state = tmp_path / "m.yaml"
+    mapping.save(state, mapping.empty())
+    src, dest = make_dataset(tmp_path / "src"), tmp_path / "hot" / "ds"
+    dest.parent.mkdir()
+    copier.copy(src, dest, copier.CopyOptions(state=state))
+    (src / "new.bin").write_bytes(os.urandom(3000))
+    real_rename, real_empty = beneath.rename_at, beneath.empty
+
+    def no_exchange(*args):
+        if len(args) > 4 and args[4] & beneath.RENAME_EXCHANGE:
+            raise OSError(errno.EINVAL, "no RENAME_EXCHANGE here")
+        return real_rename(*args)
+
+    def cannot_empty(fd, *args, **kwargs):
+        if os.fstat(fd).st_ino == old_ino:
+            raise OSError(errno.EIO, "I/O error")
+        return real_empty(fd, *args, **kwargs)
+
+    old_ino = os.lstat(dest).st_ino
+    monkeypatch.setattr(beneath, "rename_at", no_exchange)
+    monkeypatch.setattr(beneath, "empty", cannot_empty)
+    copier.copy(src, dest, copier.CopyOptions(state=state))
+    monkeypatch.undo()
+    aside = dest.parent / ".ds.hotcache-old"
+    assert aside.is_dir() and os.lstat(aside).st_ino == old_ino
+    assert (dest / "new.bin").exists()
+    found = prune.find([dest.parent], keep=2, staging_hours=24, tf_caches=[],
+                       keep_keys=None, older_than_days=None,
+                       asides=catalog.recorded_asides(state))
+    [c] = [c for c in found if c.path == str(aside)]
+    assert c.kind == "refresh-leftover" and c.kept is None
+    prune.remove(c, state)
+    assert not os.path.lexists(aside) and catalog.recorded_asides(state) == {}
