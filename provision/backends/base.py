@@ -16,6 +16,7 @@ from hotcache.provision.errors import RefusedError
 if TYPE_CHECKING:
     from hotcache.provision.block.host import Host
     from hotcache.provision.backends.contract import CacheSpec, Device, Planner
+    from hotcache.provision.backends.stats import CacheStats
     from hotcache.provision.plan import Ref
     from hotcache.provision.records import CacheEntry
 
@@ -89,8 +90,10 @@ class Backend:
         registered), so that teardown cannot flush it; None: it is live."""
         return None
 
-    def stats(self, entry: "CacheEntry", nodes: dict) -> dict:
-        return {}
+    def stats(self, entry: "CacheEntry", nodes: dict) -> "CacheStats":
+        """The cache's statistics as the kernel reports them (backends/stats.py). Only
+        block caches (`block_cache`) have any; status and warm ask no other backend."""
+        raise NotImplementedError
 
     def failure(self, entry: "CacheEntry", nodes: dict) -> Failure | None:
         """The kernel's verdict that the cache device failed (dm-cache's Fail or

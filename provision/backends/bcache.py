@@ -20,6 +20,7 @@ from hotcache.provision.records import BcacheState, CacheEntry
 from hotcache.provision.system.waits import flush_timeout, wait_until
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend, Failure
+from hotcache.provision.backends.stats import CacheStats
 from hotcache.provision.block.host import Host
 
 BLOCK = "4k"               # cache and backing block sizes must match to attach
@@ -179,7 +180,7 @@ class Bcache(Backend):
         return Failure(f"bcache runs {node} without its cache set {cset} (state "
                        f"{h.read(f'{d}/state')}{gone}): the kernel detached the cache", dirty)
 
-    def stats(self, entry, nodes):
+    def stats(self, entry, nodes) -> CacheStats:
         node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid
         h = self.host
         if node is None or not sb.is_registered(h, node):

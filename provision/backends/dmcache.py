@@ -22,6 +22,7 @@ from hotcache.provision.records import DmCacheState
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend
+from hotcache.provision.backends.stats import CacheStats
 
 DEFAULT_BLOCK = 64 * 1024     # bytes: small blocks suit many small dataset files
 MIB = 2048                    # sectors
@@ -207,7 +208,7 @@ class DmCache(Backend):
                        f"{header.SIZE // 1024} KiB of the SSD: it proves which cache the SSD "
                        "is, where serials can follow the slot", write)
 
-    def stats(self, entry, nodes):
+    def stats(self, entry, nodes) -> CacheStats:
         names = state.of(entry, DmCacheState).names or dm_names(entry.spec["name"])
         res = self.host.runner.run(["dmsetup", "status", names["cache"]])
         return cache_stats(parse_status(res.stdout))

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hotcache.provision.backends.base import Failure
+from hotcache.provision.backends.stats import CacheStats
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.system.runner import Runner
 
@@ -104,7 +105,7 @@ def parse_status(line: str) -> dict:
     }
 
 
-def cache_stats(st: dict) -> dict:
+def cache_stats(st: dict) -> CacheStats:
     """The statistics every backend reports, from a parsed status line."""
     block = st["block_sectors"] * 512
     hits = st["read_hits"] + st["write_hits"]

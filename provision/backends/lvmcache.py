@@ -20,6 +20,7 @@ from hotcache.provision.errors import HotcacheError, ProbeFailed, RefusedError
 from hotcache.provision.records import CacheEntry, LvmCacheState
 from hotcache.provision.backends import state
 from hotcache.provision.backends.base import Backend, Failure
+from hotcache.provision.backends.stats import CacheStats
 
 ORIGIN_LV = "data"
 
@@ -325,7 +326,7 @@ class LvmCache(Backend):
                   *(["--chunksize", f"{int(chunk) // 1024}k"] if chunk else []),
                   *_settings_args(settings), f"{vg}/{lv}"))
 
-    def stats(self, entry, nodes):
+    def stats(self, entry, nodes) -> CacheStats:
         vg, lv, _ = names(self.host, entry, entry.spec["name"])
         major, minor = self.host.devnum(f"/dev/{vg}/{lv}").split(":")
         res = self.host.runner.run(["dmsetup", "status", "-j", major, "-m", minor])

@@ -12,6 +12,7 @@ from hotcache.provision.block import blockdev, health
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
 from hotcache.provision.backends import recorded
+from hotcache.provision.backends.stats import CacheStats
 from hotcache.provision.block.host import Host
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.records import CacheEntry
@@ -201,13 +202,13 @@ def cache_failure(entry: CacheEntry, host: Host, nodes: dict) -> dict | None:
             "message": f"cache failed: {path}: {'; '.join(said)}; {risk}"}
 
 
-def working_set(row: dict, entry: CacheEntry, before: dict | None = None,
+def working_set(row: dict, entry: CacheEntry, before: CacheStats | None = None,
                 seconds: float | None = None) -> dict:
     """The cache against what it is to hold: sizing advice and (block caches) churn."""
     from hotcache.provision.observe.workingset import churn, row_advice
 
     copies = [copy.dump() for copy in (entry.hot_copies or {}).values()]
-    stats = row.get("cache") or {}
+    stats: CacheStats | None = row.get("cache") or None
     return {"sizing": row_advice(row, copies),
             "activity": churn(before, stats, seconds) if stats else None}
 

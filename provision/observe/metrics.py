@@ -19,6 +19,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import CollectorRegistry
@@ -27,6 +28,9 @@ from hotcache.provision import mapping
 from hotcache.provision.hotcopy import format as hotcopy_format
 from hotcache.provision.records import CacheEntry
 from hotcache.provision.system.atomic import write_atomic
+
+if TYPE_CHECKING:
+    from hotcache.provision.backends.stats import CacheStats
 
 DEFAULT_TEXTFILE = "/var/lib/prometheus/node-exporter/hotcache.prom"
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
@@ -222,7 +226,7 @@ class StatusCollector:
             if value is not None:
                 g.gauge(f"filesystem_{key}", help_, ["cache", "mountpoint"]).add_metric(
                     [name, mp], value)
-        self._working_set(g, name, row, stats)
+        self._working_set(g, name, row, row.get("cache"))
         scan = bool(row.get("mounted")) and not row.get("cache_failed")
         for copy in hot_copies(self.entries.get(name), scan):
             if copy["recorded"]:    # a folder hotcache did not make says nothing here
@@ -241,7 +245,8 @@ class StatusCollector:
                 ["cache"]).add_metric([name], int(restorelog.failure(name, Runner())
                                                   is not None))
 
-    def _working_set(self, g: "_Families", name: str, row: dict, stats: dict) -> None:
+    def _working_set(self, g: "_Families", name: str, row: dict,
+                     stats: CacheStats | None) -> None:
         """What the cache is to hold against its fast tier, and bcache's buckets."""
         sizing = (row.get("working_set") or {}).get("sizing")
         if sizing:
@@ -251,7 +256,7 @@ class StatusCollector:
             g.gauge("cache_capacity_ratio", "The fast tier's capacity over the working set; "
                     "below 1 a block cache thrashes, 1.2 to 1.5 is the margin to keep.",
                     ["cache"]).add_metric([name], sizing["ratio"] or 0)
-        for state, percent in sorted((stats.get("priority") or {}).items()):
+        for state, percent in sorted(((stats.get("priority") if stats else None) or {}).items()):
             g.gauge("bcache_buckets_ratio", "Share of bcache's buckets in each state "
                     "(unused, clean, dirty, metadata), from priority_stats.",
                     ["cache", "state"]).add_metric([name, state], percent / 100)

@@ -73,6 +73,7 @@ from hotcache.provision.system.chunks import CHUNK, chunks, thread_buffer
 from hotcache.provision.system.meter import NullMeter
 
 if TYPE_CHECKING:
+    from hotcache.provision.backends.stats import CacheStats
     from hotcache.provision.records import CacheEntry
 
 WINDOWS = 8             # the focused sweep's windows, at most
@@ -213,7 +214,7 @@ def backing(path: Path, state: Path | None) -> tuple[str, CacheEntry] | None:
         return None   # an unreadable mapping: warm the page cache all the same
 
 
-def backend_stats(entry: CacheEntry, runner) -> Callable[[], dict | None]:
+def backend_stats(entry: CacheEntry, runner) -> Callable[[], CacheStats | None]:
     from hotcache.provision.backends import get, recorded
 
     from hotcache.provision.block.host import Host
@@ -221,7 +222,7 @@ def backend_stats(entry: CacheEntry, runner) -> Callable[[], dict | None]:
     host = Host(runner)
     backend = get(entry.backend, host)
 
-    def read() -> dict | None:
+    def read() -> CacheStats | None:
         try:
             nodes = {role: recorded.current_node(entry, role, host)
                      for role in entry.devices}
@@ -231,16 +232,16 @@ def backend_stats(entry: CacheEntry, runner) -> Callable[[], dict | None]:
     return read
 
 
-def promotions(st: dict | None) -> int:
-    return (st or {}).get("promotions") or 0
+def promotions(st: CacheStats | None) -> int:
+    return (st.get("promotions") if st else None) or 0
 
 
-def rising(before: dict | None, after: dict | None) -> bool:
+def rising(before: CacheStats | None, after: CacheStats | None) -> bool:
     """Did the cache take in more blocks during the last pass?"""
     if not before or not after:
         return False
-    return any((after.get(k) or 0) > (before.get(k) or 0)
-               for k in ("promotions", "cache_used_bytes"))
+    return ((after.get("promotions") or 0) > (before.get("promotions") or 0)
+            or (after.get("cache_used_bytes") or 0) > (before.get("cache_used_bytes") or 0))
 
 
 def windows(files: list[tuple[Path, int]]) -> list[list[tuple[Path, int]]]:
@@ -302,14 +303,16 @@ def focus_done(reads: list[dict]) -> bool:
     return len(reads) >= FOCUS_READS or hit_cache(reads[-1]) is not None
 
 
-def lookups(before: dict | None, after: dict | None) -> tuple[int, int] | None:
+def lookups(before: CacheStats | None, after: CacheStats | None) -> tuple[int, int] | None:
     """(reads and writes the cache saw, of them misses) between two statistics reads, or
     None when the backend does not count hits and misses."""
-    keys = ("hits", "misses")
-    if not before or not after or any(after.get(k) is None or before.get(k) is None
-                                      for k in keys):
+    if not before or not after:
         return None
-    hits, misses = (after[k] - before[k] for k in keys)
+    hits0, misses0 = before.get("hits"), before.get("misses")
+    hits1, misses1 = after.get("hits"), after.get("misses")
+    if hits0 is None or misses0 is None or hits1 is None or misses1 is None:
+        return None
+    hits, misses = hits1 - hits0, misses1 - misses0
     return hits + misses, misses
 
 
@@ -382,8 +385,8 @@ class Reader:
     jobs: int
     evict: bool
     meter: NullMeter
-    stats: Callable[[], dict | None]
-    last: dict | None
+    stats: Callable[[], CacheStats | None]
+    last: CacheStats | None
     root_fd: int              # the folder being warmed: every file is opened beneath it
 
     origin: Callable[[], int | None] = lambda: None   # bytes read from the origin so far
@@ -409,9 +412,9 @@ class Reader:
                "rising": rising(self.last, now), "stats": now}
         if note:
             self.meter.note(f"{label}: {out['files_per_s'] or 0:.0f} files/s, "
-                            f"{out['promoted']} promoted (total {(now or {}).get('promotions')})"
+                            f"{out['promoted']} promoted (total {now.get('promotions') if now else None})"
                             f"{still_missing(out)}, cache used "
-                            f"{units.size((now or {}).get('cache_used_bytes'))}")
+                            f"{units.size(now.get('cache_used_bytes') if now else None)}")
         self.last = now
         return out
 
@@ -440,7 +443,7 @@ def sweep(reader: Reader, files: list[tuple[Path, int]]) -> list[dict]:
 
 def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None = None,
          runner=None, meter: NullMeter | None = None,
-         stats: Callable[[], dict | None] | None = None, backend: str | None = None,
+         stats: Callable[[], CacheStats | None] | None = None, backend: str | None = None,
          origin: Callable[[], int | None] | None = None, order: Path | None = None) -> dict:
     """Warm the cache(s) behind `path`; returns a report of every pass.
 
@@ -556,4 +559,4 @@ def _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache)
             "passes": passes, "focus": focused, "stopped": reason,
             "before": before, "after": last,
             "hit_ratio_before": (before or {}).get("hit_ratio"),
-            "hit_ratio_after": (last or {}).get("hit_ratio")}
+            "hit_ratio_after": last.get("hit_ratio") if last else None}

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hotcache.provision.hotcopy.sizing import SPILLS, advise
+
+if TYPE_CHECKING:
+    from hotcache.provision.backends.stats import CacheStats
 
 THRASH_RATIO = 0.8        # demotions >= 80% of promotions over an interval: thrashing
 FULL_UNUSED_PERCENT = 2   # bcache: at most this share of buckets unused counts as full
@@ -84,7 +88,7 @@ def row_advice(row: dict, copies: list[dict]) -> dict | None:
                   f"the data on {row['name']}", f"its {row['backend']} cache").to_dict()
 
 
-def churn(before: dict | None, after: dict, seconds: float | None) -> dict | None:
+def churn(before: CacheStats | None, after: CacheStats, seconds: float | None) -> dict | None:
     """dm-cache/lvmcache over an interval (or since the cache started, without `before`):
     promotions, demotions and the verdict; bcache: its buckets from priority_stats."""
     prio = after.get("priority")
@@ -94,9 +98,9 @@ def churn(before: dict | None, after: dict, seconds: float | None) -> dict | Non
         verdict = "thrashing" if full and missing else "full" if full else "filling"
         return {"buckets": prio, "hit_ratio": after.get("hit_ratio"), "verdict": verdict,
                 "message": _bcache_message(verdict, prio, after.get("hit_ratio"))}
-    if after.get("promotions") is None or after.get("demotions") is None:
+    p, d = after.get("promotions"), after.get("demotions")
+    if p is None or d is None:
         return None
-    p, d = after["promotions"], after["demotions"]
     if before is not None:
         p, d = p - (before.get("promotions") or 0), d - (before.get("demotions") or 0)
     span = f"in {seconds:g} s" if before is not None and seconds else "since the cache started"
