@@ -137,6 +137,7 @@ def _persistent(name: str, entry: CacheEntry, fstab_file, found: _Findings) -> b
 def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
                  host: Host | None = None) -> dict:
     host = host or Host(runner)
+    backend = get_backend(entry.backend, host)
     found = _Findings()
     devices = _devices(name, entry, host, found)
     failed = cache_failure(entry, host, {r: d["node"] for r, d in devices.items()})
@@ -146,7 +147,7 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
         found.add(Code.APPLY_UNFINISHED, f"state is {entry.state!r}: an apply did "
                   "not finish; run `hotcache apply` again")
     cached = entry.cached_device
-    if entry.backend == "none":
+    if not backend.block_cache:       # the filesystem is on the origin itself
         cached = devices.get("origin", {}).get("node")
     result: dict[str, Any] = {
         "name": name, "backend": entry.backend, "mode": entry.mode,
@@ -155,10 +156,10 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
         **_mount(host, entry, failed, found),
         "persistent": _persistent(name, entry, fstab_file, found), "cache_failed": failed,
     }
-    if entry.backend != "none" and not found.problems:
+    if backend.block_cache and not found.problems:
         try:
             nodes = {role: d["node"] for role, d in devices.items()}
-            result["cache"] = get_backend(entry.backend, host).stats(entry, nodes)
+            result["cache"] = backend.stats(entry, nodes)
         except (HotcacheError, OSError, ValueError, KeyError) as exc:
             found.add(Code.STATS_UNREADABLE, f"cannot read cache statistics: {exc}")
     result["working_set"] = working_set(result, entry)
@@ -174,11 +175,12 @@ def cache_failure(entry: CacheEntry, host: Host, nodes: dict) -> dict | None:
     """The cache device's failure, as the kernel reports it and as a bounded read of the
     SSD finds it; None when neither finds anything wrong."""
     info = entry.devices.get("cache")
-    if entry.backend == "none" or info is None:
+    backend = get_backend(entry.backend, host)
+    if not backend.block_cache or info is None:
         return None
     unanswered: str | None
     try:
-        verdict = get_backend(entry.backend, host).failure(entry, nodes)
+        verdict = backend.failure(entry, nodes)
     except (HotcacheError, OSError) as exc:
         verdict = None
         unanswered = f"its state could not be read ({exc})"
