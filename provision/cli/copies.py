@@ -275,7 +275,7 @@ def prune(
 
     from hotcache.provision.errors import UsageError
     from hotcache.provision.hotcopy import prune as p
-    from hotcache.provision.hotcopy.catalog import recorded_asides
+    from hotcache.provision.hotcopy.catalog import drop_stale_asides, recorded_asides
     from hotcache.provision.system.sizes import size
 
     yes = yes and not dry_run
@@ -300,6 +300,7 @@ def prune(
     if yes:
         for c in doomed:
             p.remove(c, state)
+        drop_stale_asides(state)
     c_ = console()
     total = sum(c.bytes for c in doomed)
     if as_json:

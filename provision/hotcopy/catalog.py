@@ -113,6 +113,20 @@ def drop_aside(aside: Path, state: Path | None) -> None:
             data.pop(ASIDES, None)
 
 
+def drop_stale_asides(state: Path | None) -> None:
+    """Forget each recorded aside folder that is no longer at its path (removed by hand,
+    say), so that a later folder reusing its inode number is never taken for it."""
+    for where, ident in recorded_asides(state).items():
+        try:
+            st = os.lstat(where)
+        except FileNotFoundError:
+            st = None
+        except OSError:
+            continue
+        if st is None or (st.st_dev, st.st_ino, st.st_uid) != ident:
+            drop_aside(Path(where), state)
+
+
 def recorded_asides(state: Path | None) -> dict[str, tuple[int, int, int]]:
     """path -> (dev, inode, uid) of each folder hotcache recorded before renaming it
     aside; a malformed record is left out (that folder is then only reported)."""

@@ -20,7 +20,10 @@ prune records a folder's device, inode and owner at its aside name in the mappin
 before the rename, and a `.X.hotcache-old` or `.X.hotcache-pruning` folder is deleted
 only when it is that recorded folder; a staging folder only when it holds the header
 hotcache wrote naming the DEST whose staging folder sits at this path. Anything else
-with such a name is reported as "not hotcache's" and kept.
+with such a name is reported as "not hotcache's" and kept. The header is read from
+the folder's descriptor, checked to be the inode prune looked at; a record whose folder
+is gone from its path is forgotten at the next `prune --yes`, so that a later folder
+given the same inode number is never taken for it.
 
 A dry run by default. Nothing a process holds open (cwd, open file, mapping: the check
 `teardown` uses) is touched. Deletion never follows a symlink: each candidate is reached
@@ -157,8 +160,10 @@ def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[
     seen: set = set()
     copies: dict[str, list[tuple[dict, Path]]] = {}
 
-    def add(kind: str, path: Path, why: str, kept: str | None = None) -> None:
-        st = os.lstat(path)
+    def add(kind: str, path: Path, why: str, kept: str | None = None,
+            st: os.stat_result | None = None) -> None:
+        # `st`: the inode the decision was made about, so that the candidate is that one
+        st = st or os.lstat(path)
         found.append(Candidate(kind, str(path), tree_bytes(path, seen), why, st.st_dev,
                                st.st_ino, kept=kept))
 
@@ -183,9 +188,9 @@ def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[
                 idle = (now - _newest_mtime(folder)) / 3600
                 if idle < staging_hours or not _unlocked(folder):
                     continue
-                if made_here(folder):
+                if made_here(folder, st):
                     add("staging", folder, f"an interrupted copy, untouched for {idle:.0f} h "
-                                           "and not locked by a running copy")
+                                           "and not locked by a running copy", st=st)
                 else:
                     add("staging", folder, "named like an interrupted copy",
                         kept="not hotcache's (no header naming this place as its DEST)")
@@ -195,7 +200,7 @@ def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[
                 # hotcache recorded at this path before renaming it aside is deleted.
                 if (asides or {}).get(str(folder)) == (st.st_dev, st.st_ino, st.st_uid):
                     add("refresh-leftover", folder,
-                        "the old tree a refresh or prune left behind")
+                        "the old tree a refresh or prune left behind", st=st)
                 else:
                     add("refresh-leftover", folder, "named like a refresh leftover",
                         kept="not hotcache's (not recorded)")

@@ -39,15 +39,23 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
-def made_here(folder: Path) -> bool:
-    """True when `folder` holds the header hotcache wrote into a staging folder it made
-    at exactly this path: the DEST named there puts its staging folder here (next to
-    DEST, or inside DEST when DEST is a mountpoint). A folder someone renamed to a
+def made_here(folder: Path, st: os.stat_result) -> bool:
+    """True when `folder` (the folder `st` describes, opened without following a link and
+    checked to be that inode) holds the header hotcache wrote into a staging folder it
+    made at exactly this path: the DEST named there puts its staging folder here (next
+    to DEST, or inside DEST when DEST is a mountpoint). A folder someone renamed to a
     staging name, or hotcache's own staging folder moved from another DEST, is not."""
+    try:
+        fd = os.open(folder, beneath.DIR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
     try:   # never through a symlink, a FIFO or a huge file planted at the header's name
-        dest = json.loads(beneath.read_regular(folder / HEADER, limit=HEADER_LIMIT))["dest"]
+        beneath.expect(fd, st, str(folder))
+        dest = json.loads(beneath.read_file(fd, HEADER, limit=HEADER_LIMIT))["dest"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
+    finally:
+        os.close(fd)
     if not isinstance(dest, str) or not os.path.isabs(dest):
         return False
     here = staging_dir(Path(dest))

@@ -208,7 +208,8 @@ def test_a_recorded_aside_is_deleted_and_its_record_dropped(tier):
     assert str(old) in {c["path"] for c in out["candidates"]}
     assert not os.path.lexists(old)
     assert [c["path"] for c in out["kept_not_ours"]] == [str(ssd / ".y.hotcache-old")]
-    assert set(catalog.recorded_asides(state)) == {str(ssd / ".y.hotcache-old")}
+    # the folder at .y is not the one recorded there: that record is stale, and goes
+    assert catalog.recorded_asides(state) == {}
 
 
 def test_prune_records_its_own_aside_before_renaming(tier, monkeypatch):
@@ -316,3 +317,41 @@ def test_a_refresh_records_the_old_tree_it_leaves_aside_and_prune_deletes_it(
     assert c.kind == "refresh-leftover" and c.kept is None
     prune.remove(c, state)
     assert not os.path.lexists(aside) and catalog.recorded_asides(state) == {}
+
+
+def test_a_staging_header_counts_only_in_the_folder_prune_looked_at(tmp_path):
+    """Between prune's lstat and its reading of the header, a member could swap another
+    folder (holding a forged header) in at the name: the header is read only from the
+    inode that was looked at."""
+    from hotcache.provision.hotcopy.staging import made_here
+
+    looked_at = leftover(tmp_path, ".ds.hotcache-staging")
+    st = os.lstat(looked_at)
+    os.rename(looked_at, tmp_path / "moved")
+    forged = leftover(tmp_path, ".ds.hotcache-staging")
+    staged_by_hotcache(forged, tmp_path / "ds")
+    assert made_here(forged, os.lstat(forged))
+    assert not made_here(forged, st)
+
+
+def test_a_recorded_aside_removed_by_hand_is_forgotten_by_the_next_prune(tier):
+    """Its inode number may come back for another folder: the record must not outlive it."""
+    from hotcache.provision import mapping
+    from hotcache.provision.hotcopy import catalog
+
+    tmp_path, ssd, tf, keys, _victim = tier
+    state = tmp_path / "m.yaml"
+    mapping.save(state, mapping.empty())
+    gone, kept = leftover(ssd, ".a.hotcache-old"), leftover(ssd, ".b.hotcache-old")
+    for folder in (gone, kept):
+        catalog.record_aside(folder, os.lstat(folder), state)
+    subprocess.run(["rm", "-r", str(gone)], check=True)
+    rc, out = run(tmp_path, ssd, tf, keys)                    # a dry run forgets nothing
+    assert rc == 0 and set(catalog.recorded_asides(state)) == {str(gone), str(kept)}
+    busy = os.open(kept, os.O_RDONLY)                        # held open: kept, still recorded
+    try:
+        rc, out = run(tmp_path, ssd, tf, keys, "--yes")
+    finally:
+        os.close(busy)
+    assert rc == 0, out
+    assert set(catalog.recorded_asides(state)) == {str(kept)}
