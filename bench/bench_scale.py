@@ -3,6 +3,7 @@ the same run, peak memory (RSS) of `hotcache copy` and of `hotcache verify --ful
 the time make_loader takes to its first batch over the copy.
 
     .venv/bin/python bench/bench_scale.py [--files 20000] [--workdir /var/tmp] [--keep]
+        [--rounds 1|2]
 
 N files of 2 KiB (--size) in 1,000 class folders (named .jpg so that the image-folder
 listing takes them; their bytes are random, so the loader is asked for raw bytes, not
@@ -86,6 +87,9 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp"))
     ap.add_argument("--no-loader", action="store_true", help="skip the first-batch time")
     ap.add_argument("--keep", action="store_true", help="keep the source and the copy")
+    ap.add_argument("--rounds", type=int, choices=(1, 2), default=2,
+                    help="2: cp, hotcache, hotcache, cp (the best of each); 1: cp, hotcache "
+                         "(for the largest sizes, where each copy takes many minutes)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hotcache-scale-", dir=args.workdir))
     os.environ["HOTCACHE_STATE"] = str(work / "state" / "mappings.yaml")
@@ -98,16 +102,17 @@ def main() -> None:
               f"on {os.cpu_count()} CPUs")
         times: dict[str, list[float]] = {"cp+sync": [], "hotcache": []}
         rss = 0
-        for n, name in enumerate(("cp+sync", "hotcache", "hotcache", "cp+sync")):
+        order = ("cp+sync", "hotcache", "hotcache", "cp+sync")[:2 * args.rounds]
+        for n, name in enumerate(order):
             dst = work / f"dst{n}"
             seconds, peak = (cp_sync if name == "cp+sync" else hotcache_copy)(src, dst)
             times[name].append(seconds)
             rss = max(rss, peak)
             print(f"  {name:9} {seconds:7.1f} s" + (f"  peak RSS {peak / 2**20:.0f} MiB"
                                                     if peak else ""))
-            if n in (0, 1):   # dst2 (a hotcache copy) stays for verify and the loader
-                shutil.rmtree(dst)
-        keep = work / "dst2"
+            if name == "cp+sync" or n < len(order) - 2:   # the last hotcache copy stays
+                shutil.rmtree(dst)                            # for verify and the loader
+        keep = work / f"dst{max(n for n, name in enumerate(order) if name == 'hotcache')}"
         verify_s, verify_rss = measured([*HOTCACHE, "verify", "--full", keep])
         batch_s = None if args.no_loader else first_batch(keep)
         cp_best, hc_best = min(times["cp+sync"]), min(times["hotcache"])
