@@ -20,6 +20,14 @@ if TYPE_CHECKING:
     from hotcache.provision.block.host import Host
 
 BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (Plain, Bcache, DmCache, LvmCache)}
+PLAIN = Plain.name      # the backend without a block cache: the filesystem on the SSD itself
+
+
+def block_cache(name: str | None) -> bool:
+    """Whether backend `name` puts a block cache in front of an origin (False for the
+    plain backend, and for a name this hotcache does not know)."""
+    backend = BACKENDS.get(name or "")
+    return backend is not None and backend.block_cache
 
 
 def get(name: str, host: "Host") -> Backend:

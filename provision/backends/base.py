@@ -40,6 +40,7 @@ class Backend:
     restores_at_boot: ClassVar[bool] = False    # the engine installs (teardown removes) a
     #                                             boot-time restore unit
     restore_why: ClassVar[str | None] = None    # what a boot loses without it (doctor says)
+    boot_loses_tunables_only: ClassVar[bool] = False  # with no tunables set, nothing to restore
     block_cache: ClassVar[bool] = True          # a cache in front of the origin (not `none`)
     promotes_gradually: ClassVar[bool] = False  # smq: warm sweeps windows of reads first
     min_bytes: ClassVar[int] = 64 * 2**20       # the smallest device it accepts

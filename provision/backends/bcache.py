@@ -56,6 +56,7 @@ class Bcache(Backend):
                 "congested_write_threshold_us": int}
     restores_at_boot = True     # tunables other than cache_mode are lost at reboot
     restore_why = "its tunables ({what}) are reset to the kernel defaults at boot"
+    boot_loses_tunables_only = True     # cache_mode lives in the superblock
     kernel_feature = "bcache"
     modules = ("bcache",)
     programs = ("make-bcache", "wipefs", "mkfs.xfs", "blkid")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from hotcache.provision.backends import PLAIN
 from hotcache.provision.system.clock import now
 from hotcache.provision.errors import RefusedError
 from hotcache.provision.records import CacheEntry, DeviceRecord, Filesystem
@@ -64,11 +65,11 @@ def adoptable_entry(data: dict, spec) -> CacheEntry | None:
     """For a backend `none` spec whose image hotcache kept at a teardown: the entry that
     lets apply recognise the filesystem on it as its own (the UUID it recorded)."""
     origin = spec.origin
-    if spec.backend != "none" or origin.loop is None:
+    if spec.backend != PLAIN or origin.loop is None:
         return None
     image = os.path.realpath(origin.loop.file)
     kept = (data.get(KEY) or {}).get(image)
-    if not kept or kept.get("backend") != "none" or not kept.get("fs_uuid"):
+    if not kept or kept.get("backend") != PLAIN or not kept.get("fs_uuid"):
         return None
     why = other_file(image, kept)
     if why and origin.wipe:
@@ -84,7 +85,7 @@ def adoptable_entry(data: dict, spec) -> CacheEntry | None:
     origin = DeviceRecord.model_construct(node=None, size=None, by_id=None, identity=None,
                                           path=None, loop_file=image)
     return CacheEntry.model_construct(
-        backend="none", state="kept", devices={"origin": origin}, backend_state=None,
+        backend=PLAIN, state="kept", devices={"origin": origin}, backend_state=None,
         filesystem=Filesystem.model_construct(uuid=kept["fs_uuid"], mountpoint=None), spec={})
 
 

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 
 from hotcache.provision import mapping
-from hotcache.provision.backends import recorded
+from hotcache.provision.backends import block_cache, recorded
 from hotcache.provision.block import blockdev
 from hotcache.provision.block import busy
 from hotcache.provision.system import fstab
@@ -235,7 +235,7 @@ def _forget(p: Planner, name: str, env: Env, entry: CacheEntry, kept: list,
 
 def _plan_forget(name: str, entry: CacheEntry, env: Env, why: str | None) -> Plan:
     """--forget: drop the entry, its fstab line and its unit; touch no device."""
-    if why is None and entry.backend != "none":
+    if why is None and block_cache(entry.backend):
         raise RefusedError(f"{name} is live, so --forget would leave a running cache that "
                            "hotcache no longer knows",
                            hint=f"`hotcache teardown {name}` flushes it and takes it down")
@@ -252,7 +252,7 @@ def _kept_note(name: str, entry: CacheEntry, image: str, *, wiped: bool) -> str:
     """What happens to a loop image that teardown keeps, and how to be rid of it."""
     if wiped:
         what = "kept, its signatures erased (--wipe)"
-    elif entry.backend == "none":
+    elif not block_cache(entry.backend):
         what = ("kept with its filesystem and data; an apply naming it again mounts it "
                 "again")
     else:

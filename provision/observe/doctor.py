@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hotcache.provision.system.strenum import StrEnum
 from hotcache.provision import mapping
-from hotcache.provision.backends import BACKENDS
+from hotcache.provision.backends import BACKENDS, PLAIN, block_cache
 from hotcache.provision.backends.base import KERNEL_FIX
 from hotcache.provision.system import fstab
 from hotcache.provision.engine.status import Code as Drift
@@ -224,10 +224,10 @@ def check_kernel(caches: dict) -> list[Finding]:
 
 
 def check_programs(caches: dict) -> list[Finding]:
-    used = used_backends(caches) | {"none"}
+    used = used_backends(caches) | {PLAIN}
     out = []
     for name in BACKENDS:
-        programs = BASE_PROGRAMS if name == "none" else BACKENDS[name].programs
+        programs = BACKENDS[name].programs if block_cache(name) else BASE_PROGRAMS
         missing = [p for p in dict.fromkeys(programs) if which(p) is None]
         if not missing:
             out.append(Finding("programs", OK, name, f"programs for backend {name} are installed"))
@@ -315,8 +315,8 @@ def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
         if backend not in RESTORE_NEEDED:
             continue
         tunables = entry.tunables or {}
-        if backend == "bcache" and not tunables:
-            continue  # cache_mode lives in the superblock: nothing to restore
+        if BACKENDS[backend].boot_loses_tunables_only and not tunables:
+            continue  # nothing to restore
         unit = unit_dir / unit_name(name)
         wants = unit_dir / "local-fs.target.wants" / unit.name
         why = RESTORE_NEEDED[backend].format(what=", ".join(f"{k}={v}" for k, v in
@@ -429,7 +429,7 @@ def check_working_set(rows: dict[str, dict]) -> list[Finding]:
                 out.append(Finding("sizing", OK, name, message))
             else:
                 out.append(Finding.coded("sizing", WARNING, name, message,
-                                         Code.CACHE_TOO_SMALL if row.get("backend") != "none"
+                                         Code.CACHE_TOO_SMALL if block_cache(row.get("backend"))
                                          else Code.NO_ROOM_TO_REFRESH))
         if activity is not None and activity.get("verdict") == "thrashing":
             out.append(Finding.coded("thrashing", WARNING, name, f"{name}: {activity['message']}",

@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import CollectorRegistry
 
 from hotcache.provision import mapping
+from hotcache.provision.backends import block_cache
 from hotcache.provision.hotcopy import format as hotcopy_format
 from hotcache.provision.records import CacheEntry
 from hotcache.provision.system.atomic import write_atomic
@@ -194,7 +195,7 @@ class StatusCollector:
         g.gauge("cache_problems", "Problems `hotcache status` reports for the cache.",
                 ["cache"]).add_metric([name], len(row.get("problems") or []))
         failed = row.get("cache_failed")
-        if row.get("backend") not in (None, "none"):
+        if block_cache(row.get("backend")):
             g.gauge("cache_failed", "1 when the kernel reports the cache's SSD failed (dm-cache "
                     "Fail or read-only metadata, bcache detached its cache set, LVM a missing "
                     "or failed PV) or the SSD does not answer a read, else 0.",

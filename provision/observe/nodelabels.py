@@ -31,6 +31,7 @@ import re
 from pathlib import Path
 
 from hotcache.provision import mapping
+from hotcache.provision.backends import PLAIN
 from hotcache.provision.observe.metrics import hot_copies
 
 PREFIX = "hotcache.feature.node.kubernetes.io"
@@ -96,7 +97,7 @@ def labels(rows: list[dict], caches: dict) -> dict[str, str]:
     out: dict[str, str] = {}
     for row in filter(_up, rows):
         key = cache_label(row["name"])
-        out[key] = value(row.get("backend") or "none")
+        out[key] = value(row.get("backend") or PLAIN)
         mode = (row.get("cache") or {}).get("mode") or row.get("mode")
         if mode:
             out[f"{key}.mode"] = value(mode)

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from hotcache.provision.backends import BACKENDS
+from hotcache.provision.backends import BACKENDS, PLAIN, block_cache
 from hotcache.provision.system import beneath
 from hotcache.provision.system import sizes as units
 from hotcache.provision.errors import HotcacheError, UsageError
@@ -469,13 +469,13 @@ def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None =
         if found:
             cache, entry = found
             backend = entry.backend
-            if backend in BACKENDS and BACKENDS[backend].block_cache:
+            if block_cache(backend):
                 from hotcache.provision.system.runner import Runner
 
                 runner = runner or Runner()
                 stats = stats or backend_stats(entry, runner)
                 origin = origin or origin_reads(path, runner)
-    backend = backend or "none"
+    backend = backend or PLAIN
     stats = stats or (lambda: None)
     if order is not None and not path.is_dir():
         raise UsageError(f"--order needs a folder: {path} is not one",

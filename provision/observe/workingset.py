@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hotcache.provision.backends import block_cache
 from hotcache.provision.hotcopy.sizing import SPILLS, advise
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def fast_tier_bytes(cache) -> int | None:
     from hotcache.provision.block import blockdev
     from hotcache.provision.block.host import Host
 
-    ref = cache.origin if cache.backend == "none" else cache.cache
+    ref = cache.cache if block_cache(cache.backend) else cache.origin
     if ref is None:
         return None
     if ref.loop is not None:
@@ -66,7 +67,7 @@ def plan_advice(host, datasets: list[Path]) -> list[dict]:
                 out.append({"cache": cache.name, "dataset": d, "case": None,
                             "message": f"{cache.name}: the fast device's size cannot be read"})
                 continue
-            tier = "its SSD" if cache.backend == "none" else f"its {cache.backend} cache"
+            tier = f"its {cache.backend} cache" if block_cache(cache.backend) else "its SSD"
             a = advise(need, capacity, f"{d}", f"{cache.name} ({tier})")
             out.append({"cache": cache.name, "dataset": d, **a.to_dict()})
     return out
@@ -76,7 +77,7 @@ def row_advice(row: dict, copies: list[dict]) -> dict | None:
     """A status row's working set against its fast tier: a block cache's filesystem data
     against the cache device; a plain SSD's hot copies against its filesystem."""
     stats = row.get("cache") or {}
-    if row.get("backend") == "none":
+    if not block_cache(row.get("backend")):
         need = sum(c.get("bytes") or 0 for c in copies)
         if not need or not row.get("size_bytes"):
             return None
