@@ -147,7 +147,7 @@ def _in_backend_state(error: ErrorDetails) -> InitErrorDetails:
 
 
 class CacheEntry(Record):
-    """`caches.<name>` of the mapping (engine/apply._record writes it, in this order)."""
+    """`caches.<name>` of the mapping (engine/apply._write_entry writes it, in this order)."""
     backend: str
     state: str                            # building, ready
     created: str | None = None

@@ -469,7 +469,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
                             f"warm-up starts over (`hotcache warm {spec.filesystem.mountpoint}`)")
     if building:
         p.do(f"record {spec.name} in the mapping as building (filesystem UUID {fs_uuid})",
-             lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, None, "building",
+             lambda ctx: _write_entry(p.env, spec, devs, ctx, fs_uuid, None, "building",
                                  seed=seed))
 
     target = backend.build(p, spec, entry, devs)
@@ -486,7 +486,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
     _plan_owner(p, spec, mounting)
     if p.changed or building or _entry_drifted(entry, spec) or _identity_missing(entry):
         p.do(f"record {spec.name} in the mapping as ready",
-             lambda ctx: _record(p.env, spec, devs, ctx, fs_uuid, target, "ready",
+             lambda ctx: _write_entry(p.env, spec, devs, ctx, fs_uuid, target, "ready",
                                  seed=seed, reattached=reattaching))
 
 
@@ -659,7 +659,7 @@ def recorded_spec(spec: CacheSpec) -> dict:
     return without_wipe(spec.model_dump(mode="json", exclude_none=True))
 
 
-def _record(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
+def _write_entry(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
             fs_uuid: str, target, state: str, *, seed: CacheEntry | None = None,
             reattached: bool = False) -> None:
     """Write the cache's entry. `seed`: the record of a cache whose failed SSD was taken

@@ -30,7 +30,7 @@ SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def parse_size(value: int | str) -> int:
+def spec_size(value: int | str) -> int:
     """'2G', '512MiB', '1.5T' or an int of bytes -> bytes (binary multiples)."""
     if isinstance(value, bool):
         raise ValueError("size must be a number of bytes or a string like 2G")
@@ -62,12 +62,12 @@ class LoopImage(Strict):
     @field_validator("size")
     @classmethod
     def _size(cls, v: int | str) -> int | str:
-        parse_size(v)
+        spec_size(v)
         return v
 
     @property
     def bytes(self) -> int:
-        return parse_size(self.size)
+        return spec_size(self.size)
 
 
 class DeviceRef(Strict):

@@ -71,19 +71,19 @@ class Entries(Sequence):
     def __len__(self) -> int:
         return self._n
 
-    def _record(self, i: int) -> tuple[int, ...]:
+    def _numbers(self, i: int) -> tuple[int, ...]:
         w = self._REC.size
         return self._REC.unpack(self._recs[i * w:(i + 1) * w])
 
     def _rel(self, i: int, end: int) -> str:
-        start = self._record(i - 1)[0] if i else 0
+        start = self._numbers(i - 1)[0] if i else 0
         return os.fsdecode(self._blob[start:end])
 
     def rel(self, i: int) -> str:
-        return self._rel(i, self._record(i)[0])
+        return self._rel(i, self._numbers(i)[0])
 
     def size(self, i: int) -> int:
-        return self._record(i)[1]
+        return self._numbers(i)[1]
 
     def __getitem__(self, i):
         if isinstance(i, slice):
@@ -92,7 +92,7 @@ class Entries(Sequence):
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError(i)
-        end, size, mtime_ns, mode, dev, ino = self._record(i)
+        end, size, mtime_ns, mode, dev, ino = self._numbers(i)
         target = self._targets.get(i, "")
         return Entry(self._rel(i, end), size, mtime_ns, mode, i in self._targets, dev, ino,
                      target)

@@ -62,7 +62,7 @@ def advise(need: int, capacity: int, what: str = "the data",
                   f"hot share {share:.0%} of each epoch")
 
 
-def parse_size(text: str, option: str = "--budget") -> int:
+def budget_size(text: str, option: str = "--budget") -> int:
     """'200G' -> bytes (K, M, G, T are powers of 1024; a trailing B or iB is allowed)."""
     try:
         return sizes.parse_size(text)
@@ -92,7 +92,7 @@ def budget_bytes(spec: str | None, folder: os.PathLike, reusable: int = 0) -> tu
                              hint="e.g. --budget 80%")
         want, how = int(st.f_blocks * st.f_frsize * pct / 100), f"{pct:g}% of the filesystem"
     else:
-        want, how = parse_size(text), f"--budget {text}"
+        want, how = budget_size(text), f"--budget {text}"
     if want > available:
         return available, f"{how}, cut to the free space"
     return want, how

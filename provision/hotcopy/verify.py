@@ -214,11 +214,11 @@ def _verify(dest, root, meta, mode, sample, jobs, meter, state, record) -> dict:
               "mode": mode, "files": files, "bytes": total, "hashed_files": count,
               "ok": ok, "problems": problems, "verified_at": now(), "recorded": False}
     if record:
-        report["recorded"] = _record(dest, root, meta, report, state)
+        report["recorded"] = _store_outcome(dest, root, meta, report, state)
     return report
 
 
-def _record(dest: Path, root: int, meta: dict, report: dict, state: Path | None) -> bool:
+def _store_outcome(dest: Path, root: int, meta: dict, report: dict, state: Path | None) -> bool:
     """Store the outcome in the metadata (and the mapping); a read-only copy is fine."""
     from hotcache.provision.hotcopy.catalog import record
 

@@ -21,13 +21,13 @@ FS = {"type": "xfs", "uuid": "3f1c0d2e-0000-4000-8000-000000000001", "label": "h
 
 
 def device(node: str, serial: str, **more) -> dict:
-    """A device as engine/apply._record writes it (block/identity.record, then path)."""
+    """A device as engine/apply._write_entry writes it (block/identity.record, then path)."""
     return {"node": node, "size": 8 * 2**30, "by_id": [f"/dev/disk/by-id/ata-{serial}"],
             "identity": {"wwn": f"0x5000{serial}", "serial": serial}, **more}
 
 
 def entry(backend: str, backend_state: dict, *, cache: bool = True, **more) -> dict:
-    """The entry engine/apply._record writes, in its order, for a built cache."""
+    """The entry engine/apply._write_entry writes, in its order, for a built cache."""
     devices = {"origin": device("/dev/sdb", "HDD1", path="/dev/disk/by-id/ata-HDD1")}
     if cache:
         devices["cache"] = device("/dev/nvme1n1", "SSD1", path="/dev/disk/by-id/ata-SSD1")

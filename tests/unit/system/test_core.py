@@ -16,7 +16,7 @@ from hotcache.provision import mapping
 from hotcache.provision.system import fstab
 from hotcache.provision.errors import CommandFailed, MissingProgram, NotRoot, SpecError
 from hotcache.provision.system.runner import Runner, require
-from hotcache.provision.engine.spec import json_schema, parse_size, parse_spec
+from hotcache.provision.engine.spec import json_schema, parse_spec, spec_size
 from tests.helpers import hotcache
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -131,13 +131,13 @@ def test_fstab_escapes_spaces_in_mountpoints():
                                            ("1GiB", 2**30), ("1.5T", int(1.5 * 2**40)),
                                            (4096, 4096)])
 def test_sizes(text, expected):
-    assert parse_size(text) == expected
+    assert spec_size(text) == expected
 
 
 @pytest.mark.parametrize("bad", ["", "G", "-1G", 0, True, "2 apples"])
 def test_bad_sizes(bad):
     with pytest.raises(ValueError):
-        parse_size(bad)
+        spec_size(bad)
 
 
 def rehomed_loop_files(doc: dict, home: Path) -> dict:

@@ -22,8 +22,8 @@ BAD = ["", "0", "0M", "-1", "2X", "M", "1e6", "1.5.2G", "two"]
 
 def size_readers():
     """Every place hotcache reads a size from a person, as (name, parse)."""
-    return [("sizes", sizes.parse_size), ("spec", spec.parse_size),
-            ("--budget", sizing.parse_size), ("--bwlimit", copier.parse_rate)]
+    return [("sizes", sizes.parse_size), ("spec", spec.spec_size),
+            ("--budget", sizing.budget_size), ("--bwlimit", copier.parse_rate)]
 
 
 @pytest.mark.parametrize("text", GOOD)
