@@ -169,7 +169,7 @@ DIGEST = 32                              # bytes of a sha256 in the compact arra
 
 
 @dataclass
-class Plan:
+class CopyPlan:
     """What a run does with each file of the selection, by its index there: one byte of
     `kinds` and, for a file whose sha256 is already known (linked, checked or resumed),
     32 bytes of `known`. No Python object per file; the digests (like the selection) are
@@ -189,14 +189,14 @@ class Plan:
 
 
 def make_plan(entries: Entries, dest: Path, journal: dict, checksum: bool,
-              spool_dir: int | None = None) -> Plan:
+              spool_dir: int | None = None) -> CopyPlan:
     """The selection (in path order) merged with the published copy's manifest (read in
     path order, a line at a time): nothing is held per file of the old copy. The digests
     are spooled beneath `spool_dir` (the folder holding the staging folder: the copy's own
     disk) when given."""
     old = read_metadata(dest) if dest.is_dir() else None
     n = len(entries)
-    plan = Plan(entries, bytearray(n), Spool(DIGEST * n, spool_dir), old, old is not None)
+    plan = CopyPlan(entries, bytearray(n), Spool(DIGEST * n, spool_dir), old, old is not None)
     failed = set((old or {}).get("verify_failed") or ())
     published = _in_path_order(dest / MANIFEST) if old else iter(())
     cur = next(published, None)
@@ -435,7 +435,7 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> d
 
 
 def _plan(src: Path, place: Place, staging: Staging, entries: Entries,
-          opts: CopyOptions) -> Plan:
+          opts: CopyOptions) -> CopyPlan:
     """The plan, taking an earlier run's staging journal into account (under its lock:
     the staging folder stays open and locked for the rest of the copy)."""
     journal: dict = {}
@@ -448,19 +448,19 @@ def _plan(src: Path, place: Place, staging: Staging, entries: Entries,
     return make_plan(entries, place.dest, journal, opts.checksum, staging.parent_fd)
 
 
-def _same(plan: Plan, opts: CopyOptions, name: str) -> bool:
+def _same(plan: CopyPlan, opts: CopyOptions, name: str) -> bool:
     """Would this run publish exactly what is published now?"""
     return (plan.old is not None and not plan.counts[COPY] and not plan.counts[RESUMED]
             and plan.same_names
             and name == plan.old.get("name") and opts.owner is None and opts.mode is None)
 
 
-def _resumed(plan: Plan) -> set[str]:
+def _resumed(plan: CopyPlan) -> set[str]:
     """The paths an earlier run journaled (and this run keeps)."""
     return {plan.entries.rel(i) for i, kind in enumerate(plan.kinds) if kind == RESUMED}
 
 
-def _run(src, src_fd, place: Place, staging: Staging, plan: Plan, opts, owner, mode,
+def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owner, mode,
          meter) -> tuple[Spool, int]:
     """Copy/link everything in the plan; returns the sha256 of every selected file (32
     bytes each, in the selection's order) and how many files --checksum found changed.
@@ -545,7 +545,7 @@ def _batch(batch: list[tuple]) -> list[tuple[int, Done]]:
     return [(i, fn(*args)) for i, fn, args in batch]
 
 
-def _fail(exc: BaseException, staging: Staging, dest: Path, plan: Plan, checkpoint) -> None:
+def _fail(exc: BaseException, staging: Staging, dest: Path, plan: CopyPlan, checkpoint) -> None:
     """Turn a failure into a clear error. A full filesystem gets its staging removed (the
     copy cannot finish there and the space must come back); anything else keeps what is
     journaled so that the next run resumes."""
