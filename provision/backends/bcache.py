@@ -82,16 +82,16 @@ class Bcache(Backend):
         new_origin = not self.owns(entry, origin)
         if new_cache:
             bucket = bucket_size(cache.size)
-            p.run(f"erase old signatures on the cache device {cache.ref.label}",
+            p.command(f"erase old signatures on the cache device {cache.ref.label}",
                   ["wipefs", "--all", cache.node], destructive=True)
-            p.run(f"make {cache.ref.label} a bcache cache set ({cache.size // bucket} buckets "
+            p.command(f"make {cache.ref.label} a bcache cache set ({cache.size // bucket} buckets "
                   f"of {bucket // 1024} KiB)",
                   ["make-bcache", "-C", "--bucket", f"{bucket // 1024}k", "--block", BLOCK,
                    "--cset-uuid", cset, cache.node], destructive=True)
         if new_origin:
-            p.run(f"erase old signatures on the origin {origin.ref.label}",
+            p.command(f"erase old signatures on the origin {origin.ref.label}",
                   ["wipefs", "--all", origin.node], destructive=True)
-            p.run(f"make {origin.ref.label} a bcache backing device",
+            p.command(f"make {origin.ref.label} a bcache backing device",
                   ["make-bcache", "-B", "--block", BLOCK, origin.node], destructive=True)
         key = f"bcache-uuid:{spec.name}"
         bdev_uuid = st.backing_uuid if not new_origin else None
@@ -133,7 +133,7 @@ class Bcache(Backend):
         if new_origin:
             # make-bcache wrote only its own superblock: an old filesystem 8 KiB in would
             # show through the new device and stop mkfs.
-            p.run("erase old signatures showing through the new bcache device",
+            p.command("erase old signatures showing through the new bcache device",
                   ["wipefs", "--all", target], destructive=True)
         self._plan_tunables(p, spec, origin.node, cset, live)
         return target

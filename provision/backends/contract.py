@@ -71,7 +71,7 @@ class Planner(Protocol):
     @property
     def restoring(self) -> bool: ...
 
-    def run(self, summary: str, argv: list, *, capture: str | None = None,
+    def command(self, summary: str, argv: list, *, capture: str | None = None,
             destructive: bool = False, devices: tuple[str, ...] = (),
             check: Callable[[RunContext], None] | None = None) -> None: ...
 

@@ -158,7 +158,7 @@ class DmCache(Backend):
         current = live_table(names["cache"], runner)
         if current is None:
             if fresh:
-                p.run(f"erase old signatures on the cache device {cache.ref.label}",
+                p.command(f"erase old signatures on the cache device {cache.ref.label}",
                       ["wipefs", "--all", cache.node], destructive=True)
                 self._write_header(p, spec.name, cache.node)
             for part, start, length in (("meta", head, meta), ("data", head + meta, data)):
@@ -166,16 +166,16 @@ class DmCache(Backend):
                     table = _text(p, f"dm-{part}:{spec.name}",
                                   lambda n, s=start, size=length: f"0 {size} linear {n} {s}",
                                   cache.node)
-                    p.run(f"map {length // MIB} MiB of the SSD as cache {part}data"
+                    p.command(f"map {length // MIB} MiB of the SSD as cache {part}data"
                           if part == "meta" else f"map {length // MIB} MiB of the SSD as "
                           "cache blocks", ["dmsetup", "create", names[part], "--table", table])
             if fresh:
-                p.run("zero the metadata superblock (a new, empty cache)",
+                p.command("zero the metadata superblock (a new, empty cache)",
                       ["dd", "if=/dev/zero", f"of=/dev/mapper/{names['meta']}", "bs=4096",
                        "count=1", "oflag=direct"], destructive=True)
             table = _text(p, f"dm-cache:{spec.name}",
                           lambda n: dataclasses.replace(want, origin=n).render(), origin.node)
-            p.run(f"create the cache device ({spec.effective_mode}, policy {want.policy}, "
+            p.command(f"create the cache device ({spec.effective_mode}, policy {want.policy}, "
                   f"{want.block * 512 // 1024} KiB blocks)",
                   ["dmsetup", "create", names["cache"], "--table", table])
         else:
@@ -184,10 +184,10 @@ class DmCache(Backend):
                                                              want.policy_args):
                 new = dataclasses.replace(live, mode=want.mode, policy=want.policy,
                                           policy_args=want.policy_args)
-                p.run(f"load the table with mode {want.mode}, policy {want.policy} "
+                p.command(f"load the table with mode {want.mode}, policy {want.policy} "
                       f"(was {live.mode}, {live.policy})",
                       ["dmsetup", "reload", names["cache"], "--table", new.render()])
-                p.run("switch to the new table in place (no rebuild)",
+                p.command("switch to the new table in place (no rebuild)",
                       ["dmsetup", "resume", names["cache"]])
         if st.data_sectors != data or st.names != names:
             state.remember(p, "record the dm-cache geometry and table names in the mapping",
@@ -223,7 +223,7 @@ class DmCache(Backend):
         # (suspended, or failing its metadata commit) is removed without a flush.
         for part in ("cache", "data", "meta"):
             if live_table(names[part], self.host.runner) is not None:
-                p.run(f"remove the {part} mapping without a flush (the SSD failed)",
+                p.command(f"remove the {part} mapping without a flush (the SSD failed)",
                       ["dmsetup", "remove", "--force", "--retry", names[part]])
         return nodes["origin"]
 
@@ -234,19 +234,19 @@ class DmCache(Backend):
         if current is not None:
             live = parse_table(current)
             cleaner = dataclasses.replace(live, policy="cleaner", policy_args=[])
-            p.run("switch the cache to the cleaner policy, which writes every dirty block "
+            p.command("switch the cache to the cleaner policy, which writes every dirty block "
                   "back to the origin", ["dmsetup", "reload", names["cache"], "--table",
                                          cleaner.render()])
-            p.run("activate the cleaner table", ["dmsetup", "resume", names["cache"]])
+            p.command("activate the cleaner table", ["dmsetup", "resume", names["cache"]])
             p.do("check that the loaded table can write back (cleaner active, "
                  f"migration_threshold at least {MIN_MIGRATION})",
                  lambda ctx: None if ctx.runner.dry_run else ensure_writeback(names["cache"], ctx.runner))
             p.do("wait until the cache holds 0 dirty blocks",
                  lambda ctx: None if ctx.runner.dry_run else wait_clean(names["cache"], ctx.runner))
-            p.run("remove the cache device", ["dmsetup", "remove", "--retry", names["cache"]])
+            p.command("remove the cache device", ["dmsetup", "remove", "--retry", names["cache"]])
         for part in ("data", "meta"):
             if live_table(names[part], runner) is not None:
-                p.run(f"remove the cache {part} mapping",
+                p.command(f"remove the cache {part} mapping",
                       ["dmsetup", "remove", "--retry", names[part]])
         # The header claims the SSD for this cache; once the cache is gone a new build
         # on it would read that claim as another cache's and refuse.

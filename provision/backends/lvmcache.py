@@ -233,25 +233,25 @@ class LvmCache(Backend):
         # out (teardown --cache-failed), the VG that still holds the origin LV.
         if (adopted or info is not None) \
                 and not (isinstance(cache.node, str) and pv_vg(h, cache.node) == vg):
-            p.run(f"erase old signatures on {cache.ref.label}",
+            p.command(f"erase old signatures on {cache.ref.label}",
                   ["wipefs", "--all", cache.node], destructive=True)
-            p.run("make the SSD an LVM physical volume", lvm(h, "pvcreate", "--yes", cache.node),
+            p.command("make the SSD an LVM physical volume", lvm(h, "pvcreate", "--yes", cache.node),
                   destructive=True)
-            p.run(f"add the SSD to the volume group {vg} of the existing LV {lv}",
+            p.command(f"add the SSD to the volume group {vg} of the existing LV {lv}",
                   lvm(h, "vgextend", "--yes", vg, cache.node))
         if info is None and not adopted:
             for dev in (origin, cache):
-                p.run(f"erase old signatures on {dev.ref.label}",
+                p.command(f"erase old signatures on {dev.ref.label}",
                       ["wipefs", "--all", dev.node], destructive=True)
-            p.run("make both devices LVM physical volumes",
+            p.command("make both devices LVM physical volumes",
                   lvm(h, "pvcreate", "--yes", origin.node, cache.node), destructive=True)
-            p.run(f"create volume group {vg}", lvm(h, "vgcreate", "--yes", vg, origin.node,
+            p.command(f"create volume group {vg}", lvm(h, "vgcreate", "--yes", vg, origin.node,
                                                    cache.node))
-            p.run(f"create the origin LV {vg}/{lv} on the whole origin",
+            p.command(f"create the origin LV {vg}/{lv} on the whole origin",
                   lvm(h, "lvcreate", "--yes", "--name", lv, "--extents", "100%PVS", vg,
                       origin.node))
         elif info is not None and info["lv_attr"][4:5] != "a":
-            p.run(f"activate volume group {vg}", lvm(h, "vgchange", "--activate", "y", vg))
+            p.command(f"activate volume group {vg}", lvm(h, "vgchange", "--activate", "y", vg))
         if not state.of(entry, LvmCacheState).vg:
             state.remember(p, f"record volume group {vg} in the mapping",
                            lambda ctx: {"vg": vg, "origin_lv": lv, "adopted": adopted})
@@ -259,17 +259,17 @@ class LvmCache(Backend):
             self._attach(p, spec, vg, lv, cache, mode, policy, settings)
         else:
             if info.get("cache_mode") != mode:
-                p.run(f"change the cache mode to {mode} in place "
+                p.command(f"change the cache mode to {mode} in place "
                       f"(was {info.get('cache_mode')})",
                       lvm(h, "lvchange", "--yes", "--cachemode", mode, f"{vg}/{lv}"))
             have = dict(kv.split("=", 1) for kv in
                         (info.get("kernel_cache_settings") or "").split(",") if "=" in kv)
             if info.get("cache_policy") != policy or any(have.get(k) != v for k, v in
                                                          settings.items()):
-                p.run(f"change the cache policy to {policy} in the LVM metadata",
+                p.command(f"change the cache policy to {policy} in the LVM metadata",
                       lvm(h, "lvchange", "--yes", "--cachepolicy", policy,
                           *_settings_args(settings), f"{vg}/{lv}"))
-                p.run("load it into the active cache in place (lvchange alone does not)",
+                p.command("load it into the active cache in place (lvchange alone does not)",
                       lvm(h, "lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
         st = state.of(entry, LvmCacheState)
         # The first build records what it made, by UUID; so does a new SSD attached to an
@@ -316,11 +316,11 @@ class LvmCache(Backend):
         the LV's content."""
         cvol, h = cache_lv(lv), self.host
         if not report(self.host, "lvs", "lv_name", f"{vg}/{cvol}"):
-            p.run(f"create the cache volume {vg}/{cvol} on the whole SSD",
+            p.command(f"create the cache volume {vg}/{cvol} on the whole SSD",
                   lvm(h, "lvcreate", "--yes", "--name", cvol, "--extents", "100%PVS", vg,
                       cache.node))
         chunk = spec.tunables.get("chunk_size")
-        p.run(f"attach {vg}/{cvol} as a {mode} cache of {vg}/{lv}",
+        p.command(f"attach {vg}/{cvol} as a {mode} cache of {vg}/{lv}",
               lvm(h, "lvconvert", "--yes", "--type", "cache", "--cachevol", f"{vg}/{cvol}",
                   "--cachemode", mode, "--cachepolicy", policy,
                   *(["--chunksize", f"{int(chunk) // 1024}k"] if chunk else []),
@@ -381,19 +381,19 @@ class LvmCache(Backend):
         target = f"{vg}/{lv}"
         if info.get("segtype") == "cache":
             if info["lv_attr"][4:5] == "a":
-                p.run(f"deactivate {target}: lvm2 takes a cache off an inactive LV without "
+                p.command(f"deactivate {target}: lvm2 takes a cache off an inactive LV without "
                       "flushing it or loading a table on the failed SSD",
                       lvm(h, "lvchange", "--yes", "--activate", "n", target), check=check)
-            p.run(f"drop the failed cache from {target} without a flush and remove its "
+            p.command(f"drop the failed cache from {target} without a flush and remove its "
                   f"cache volume; {target} keeps the origin's data",
                   lvm(h, "lvconvert", "--yes", "--force", "--uncache", target),
                   destructive=True, devices=origin, check=check)
         if missing_pvs(h, vg):
-            p.run(f"remove the missing PV (the failed SSD) from {vg}; no LV is on it any "
+            p.command(f"remove the missing PV (the failed SSD) from {vg}; no LV is on it any "
                   "more (lvm2 refuses if one is)",
                   lvm(h, "vgreduce", "--yes", "--removemissing", vg),
                   destructive=True, devices=origin, check=check)
-        p.run(f"activate {target}, now on the origin alone",
+        p.command(f"activate {target}, now on the origin alone",
               lvm(h, "lvchange", "--yes", "--activate", "y", target), check=check)
         ssd = entry.devices.get("cache")
         p.plan.notes.append(
@@ -425,11 +425,11 @@ class LvmCache(Backend):
         same_lvm(entry, info, vg, lv)
         if info is not None and info.get("segtype") == "cache":
             node = f"/dev/{vg}/{lv}"
-            p.run("switch the cache to the cleaner policy, which writes every dirty block "
+            p.command("switch the cache to the cleaner policy, which writes every dirty block "
                   "back to the origin", lvm(h, "lvchange", "--yes", "--cachepolicy", "cleaner",
                                             "--cachesettings", "migration_threshold=2048",
                                             f"{vg}/{lv}"))
-            p.run("load the cleaner into the active cache (lvchange alone does not)",
+            p.command("load the cleaner into the active cache (lvchange alone does not)",
                   lvm(h, "lvchange", "--yes", "--refresh", f"{vg}/{lv}"))
             p.do(f"check that the loaded table can write back (migration_threshold at "
                  f"least {MIN_MIGRATION})",
@@ -437,13 +437,13 @@ class LvmCache(Backend):
                      self._dm_name(node), ctx.runner, need_cleaner=False))
             p.do("wait until the cache holds 0 dirty blocks",
                  lambda ctx: None if ctx.runner.dry_run else wait_clean(self._dm_name(node), ctx.runner))
-            p.run(f"detach and remove the cache volume (lvm flushes it first); "
+            p.command(f"detach and remove the cache volume (lvm flushes it first); "
                   f"{vg}/{lv} keeps the data",
                   lvm(h, "lvconvert", "--yes", "--uncache", f"{vg}/{lv}"))
         ssd = nodes.get("cache")
         if ssd and pv_vg(h, ssd) == vg:
-            p.run(f"take the SSD {ssd} out of {vg}", lvm(h, "vgreduce", "--yes", vg, ssd))
-            p.run(f"remove the LVM label from {ssd}", lvm(h, "pvremove", "--yes", ssd))
+            p.command(f"take the SSD {ssd} out of {vg}", lvm(h, "vgreduce", "--yes", vg, ssd))
+            p.command(f"remove the LVM label from {ssd}", lvm(h, "pvremove", "--yes", ssd))
         p.plan.notes.append(f"the data stays in /dev/{vg}/{lv} on the origin")
 
 

@@ -87,7 +87,7 @@ class Planner:
         self.start = len(plan.steps)
         self.known_images: set[str] = set()   # image files the mapping says hotcache made
 
-    def run(self, summary: str, argv: list, *, capture: str | None = None,
+    def command(self, summary: str, argv: list, *, capture: str | None = None,
             destructive: bool = False, devices: tuple[str, ...] = (),
             check: Callable[[RunContext], None] | None = None) -> None:
         """Queue a program. A destructive step proves again, right before it runs, each
@@ -183,9 +183,9 @@ def resolve(p: Planner, role: str, ref: DeviceRef, roots: set[str]) -> Device:
         fs = blockdev.fs_identity(host, image)
     else:
         size, sigs, fs = ref.loop.bytes, [], {}
-        p.run(f"create sparse image {image} ({ref.loop.size})",
+        p.command(f"create sparse image {image} ({ref.loop.size})",
               ["truncate", "--size", str(ref.loop.bytes), image])
-    p.run(f"attach {image} as a loop device",
+    p.command(f"attach {image} as a loop device",
           ["losetup", "--find", "--show", image], capture=placeholder.key)
     return Device(role, ref, placeholder, False, size, None, fs, sigs, image_data=held)
 
@@ -343,7 +343,7 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: CacheEntry | None, de
         return
     if not sigs:
         return
-    p.run(f"erase every signature on {dev.ref.label} ({kinds}), as `wipe: true` allows",
+    p.command(f"erase every signature on {dev.ref.label} ({kinds}), as `wipe: true` allows",
           ["wipefs", "--all", dev.node], destructive=True)
     dev.fs = {}
 
@@ -509,7 +509,7 @@ def _plan_filesystem(p: Planner, spec: CacheSpec, backend, entry: CacheEntry | N
         p.do(f"check that {target} shows the filesystem {fs_uuid} before mounting it",
              lambda ctx: _check_filesystem(host, ctx, target, fs_uuid, spec.name))
     elif target_dev.fs.get("UUID") != fs_uuid and not backend.keeps_filesystem(entry, devs):
-        p.run(f"format {target} as XFS, label {fs_label(spec)}",
+        p.command(f"format {target} as XFS, label {fs_label(spec)}",
               ["mkfs.xfs", "-L", fs_label(spec), "-m", f"uuid={fs_uuid}", "-s", "size=4096",
                target], destructive=True)
     return True
@@ -536,7 +536,7 @@ def _release_origin(p: Planner, spec: CacheSpec, origin: Device) -> bool:
                          + "\n".join(f"  {u}" for u in users)
                          + "\nstop those processes and apply again")
                 return False
-            p.run(f"unmount {mp} (the origin alone; the cache device mounts it again)",
+            p.command(f"unmount {mp} (the origin alone; the cache device mounts it again)",
                   ["umount", mp])
             return True
     if where:
@@ -584,7 +584,7 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target,
     host = p.env.host
     old_mp = entry.filesystem.mountpoint if entry else None
     if entry and old_mp and old_mp != mp and blockdev.mount_at(host, old_mp):
-        p.run(f"unmount {old_mp} (the spec moved {spec.name} to {mp})", ["umount", old_mp])
+        p.command(f"unmount {old_mp} (the spec moved {spec.name} to {mp})", ["umount", old_mp])
         old_uuid = entry.filesystem.uuid
         p.do(f"remove the old mountpoint entry of {spec.name} from {p.env.fstab}",
              lambda ctx: fstab.set_entry(p.env.fstab, spec.name, None, old_uuid, [old_mp]))
@@ -593,7 +593,7 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target,
             and current.source_dev == host.devnum(target):
         missing = [o for o in opts if o not in current.options]
         if missing:
-            p.run(f"remount {mp} with {','.join(missing)}",
+            p.command(f"remount {mp} with {','.join(missing)}",
                   ["mount", "-o", ",".join(["remount", *opts]), mp])
         return False
     if current is not None:
@@ -608,8 +608,8 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target,
                  "over it would hide its files. Move them or choose another mountpoint")
         return False
     if not os.path.isdir(mp):
-        p.run(f"create mountpoint {mp}", ["mkdir", "--parents", mp])
-    p.run(f"mount {spec.name} on {mp} ({','.join(opts)})",
+        p.command(f"create mountpoint {mp}", ["mkdir", "--parents", mp])
+    p.command(f"mount {spec.name} on {mp} ({','.join(opts)})",
           ["mount", "-t", FSTYPE, "-o", ",".join(opts), target, mp])
     return True
 
@@ -635,11 +635,11 @@ def _plan_owner(p: Planner, spec: CacheSpec, mounting: bool) -> None:
         owner = parse_owner(fs.owner)     # the spec checked that it exists
         if st is None or st.st_uid != owner.uid or (owner.gid is not None
                                                     and st.st_gid != owner.gid):
-            p.run(f"give {mp} to {fs.owner}", ["chown", fs.owner, mp])
+            p.command(f"give {mp} to {fs.owner}", ["chown", fs.owner, mp])
     if fs.mode:
         want = int(fs.mode, 8)
         if st is None or (st.st_mode & 0o7777) != want:
-            p.run(f"set the mode of {mp} to {fs.mode}", ["chmod", fs.mode, mp])
+            p.command(f"set the mode of {mp} to {fs.mode}", ["chmod", fs.mode, mp])
 
 
 def _identity_missing(entry: CacheEntry | None) -> bool:

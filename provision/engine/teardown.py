@@ -85,7 +85,7 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
                                + "\n".join(f"  {u}" for u in users),
                                hint="stop those processes (training jobs, shells cd'ed "
                                     "into it) and run teardown again")
-        p.run(f"flush and unmount {mp}", ["umount", mp])
+        p.command(f"flush and unmount {mp}", ["umount", mp])
     # The backend flushes first: if that fails, the fstab entry, the unit, the cache set
     # and the mapping entry are all still there.
     backend.dismantle(p, entry, nodes)
@@ -102,13 +102,13 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
             plan.notes.append(f"the origin LV {node} is not wiped: hotcache adopted it with "
                               "its data and did not create it")
         elif node is not None and wipe:
-            p.run(f"erase signatures on the {role} device {node} (--wipe; found by its "
+            p.command(f"erase signatures on the {role} device {node} (--wipe; found by its "
                   "identity)",
                   ["wipefs", "--all", node], destructive=True)
         if node is not None and image:
-            p.run(f"detach loop device {node} (image {image})", ["losetup", "--detach", node])
+            p.command(f"detach loop device {node} (image {image})", ["losetup", "--detach", node])
         if image and remove_images and os.path.exists(image):
-            p.run(f"delete the image file {image} (--remove-images)", ["rm", "--", image],
+            p.command(f"delete the image file {image} (--remove-images)", ["rm", "--", image],
                   destructive=True)
         elif image and os.path.exists(image):
             kept.append((role, image))
@@ -162,7 +162,7 @@ def _plan_failed(name: str, entry: CacheEntry, env: Env, seen: dict,
                                + "\n".join(f"  {u}" for u in users),
                                hint="stop those processes (training jobs, shells cd'ed "
                                     "into it) and run teardown again")
-        p.run(f"unmount {mp}", ["umount", mp])
+        p.command(f"unmount {mp}", ["umount", mp])
     left = backend.drop_failed_cache(p, entry, {"origin": origin})
     if backend.restores_at_boot:
         remove_unit(p, name)

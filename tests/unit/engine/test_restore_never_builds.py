@@ -23,11 +23,11 @@ from tests.unit.backends.test_plans import fake, lvm_built, steps  # noqa: F401 
 def test_a_restore_planner_refuses_every_building_step(fake, argv):
     plan = Plan()
     p = Planner(fake.env_, "c1", plan, restoring=True)
-    p.run("build something", argv)
+    p.command("build something", argv)
     assert plan.steps == []
     assert len(p.refusals) == 1 and "restore never builds" in p.refusals[0]
     # The same step in an apply is queued.
-    Planner(fake.env_, "c1", plan).run("build something", argv)
+    Planner(fake.env_, "c1", plan).command("build something", argv)
     assert len(plan.steps) == 1
 
 
