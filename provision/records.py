@@ -102,7 +102,7 @@ class HotCopy(Record):
 
 
 class BackendState(Record):
-    """Backend facts a later apply, status, restore or teardown needs (backends/state.py)."""
+    """Backend facts a later apply, status, restore or teardown needs (backends/parts/state.py)."""
 
 
 class BcacheState(BackendState):

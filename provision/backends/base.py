@@ -15,8 +15,8 @@ from hotcache.provision.errors import RefusedError
 
 if TYPE_CHECKING:
     from hotcache.provision.block.host import Host
-    from hotcache.provision.backends.contract import CacheSpec, Device, Planner
-    from hotcache.provision.backends.stats import CacheStats
+    from hotcache.provision.backends.parts.contract import CacheSpec, Device, Planner
+    from hotcache.provision.backends.parts.stats import CacheStats
     from hotcache.provision.plan import Ref
     from hotcache.provision.records import CacheEntry
 
@@ -92,7 +92,7 @@ class Backend:
         return None
 
     def stats(self, entry: "CacheEntry", nodes: dict) -> "CacheStats":
-        """The cache's statistics as the kernel reports them (backends/stats.py). Only
+        """The cache's statistics as the kernel reports them (backends/parts/stats.py). Only
         block caches (`block_cache`) have any; status and warm ask no other backend."""
         raise NotImplementedError
 

@@ -12,15 +12,15 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
-from hotcache.provision.backends import bcache_sysfs as sb
+from hotcache.provision.backends.parts import bcache_sysfs as sb
 from hotcache.provision.errors import (FlushIncomplete, HotcacheError, KernelUnsupported,
                                        RefusedError)
 from hotcache.provision.plan import Ref
 from hotcache.provision.records import BcacheState, CacheEntry
 from hotcache.provision.system.waits import flush_timeout, wait_until
-from hotcache.provision.backends import state
+from hotcache.provision.backends.parts import state
 from hotcache.provision.backends.base import Backend, Failure
-from hotcache.provision.backends.stats import CacheStats
+from hotcache.provision.backends.parts.stats import CacheStats
 from hotcache.provision.block.host import Host
 
 BLOCK = "4k"               # cache and backing block sizes must match to attach

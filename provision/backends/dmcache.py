@@ -12,17 +12,17 @@ import dataclasses
 import re
 import uuid
 
-from hotcache.provision.backends.dmflush import MIN_MIGRATION, ensure_writeback, wait_clean
-from hotcache.provision.backends.dmtable import (CacheTable, cache_stats, parse_status,
+from hotcache.provision.backends.parts.dmflush import MIN_MIGRATION, ensure_writeback, wait_clean
+from hotcache.provision.backends.parts.dmtable import (CacheTable, cache_stats, parse_status,
                                                  parse_table, status_failure)
 from hotcache.provision.block import header, probe
 from hotcache.provision.errors import HotcacheError, ProbeFailed
 from hotcache.provision.plan import Ref
 from hotcache.provision.records import DmCacheState
 from hotcache.provision.system.runner import Runner
-from hotcache.provision.backends import state
+from hotcache.provision.backends.parts import state
 from hotcache.provision.backends.base import Backend
-from hotcache.provision.backends.stats import CacheStats
+from hotcache.provision.backends.parts.stats import CacheStats
 
 DEFAULT_BLOCK = 64 * 1024     # bytes: small blocks suit many small dataset files
 MIB = 2048                    # sectors

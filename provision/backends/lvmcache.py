@@ -12,15 +12,15 @@ on the PVs, so after a boot only the activation is missing, which `hotcache rest
 
 from __future__ import annotations
 
-from hotcache.provision.backends.dmflush import MIN_MIGRATION, ensure_writeback, wait_clean
-from hotcache.provision.backends.dmtable import cache_stats, parse_status, status_failure
+from hotcache.provision.backends.parts.dmflush import MIN_MIGRATION, ensure_writeback, wait_clean
+from hotcache.provision.backends.parts.dmtable import cache_stats, parse_status, status_failure
 from hotcache.provision.block import probe
 from hotcache.provision.block.host import Host
 from hotcache.provision.errors import HotcacheError, ProbeFailed, RefusedError
 from hotcache.provision.records import CacheEntry, LvmCacheState
-from hotcache.provision.backends import state
+from hotcache.provision.backends.parts import state
 from hotcache.provision.backends.base import Backend, Failure
-from hotcache.provision.backends.stats import CacheStats
+from hotcache.provision.backends.parts.stats import CacheStats
 
 ORIGIN_LV = "data"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from hotcache.provision import mapping
-from hotcache.provision.backends import recorded
+from hotcache.provision.backends.parts import recorded
 from hotcache.provision.block import blockdev, busy, header, identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.system import fstab

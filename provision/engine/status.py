@@ -11,8 +11,8 @@ from hotcache.provision import mapping
 from hotcache.provision.block import blockdev, health
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
-from hotcache.provision.backends import recorded
-from hotcache.provision.backends.stats import CacheStats
+from hotcache.provision.backends.parts import recorded
+from hotcache.provision.backends.parts.stats import CacheStats
 from hotcache.provision.block.host import Host
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.records import CacheEntry

@@ -16,7 +16,8 @@ import os
 from collections.abc import Callable
 
 from hotcache.provision import mapping
-from hotcache.provision.backends import block_cache, recorded
+from hotcache.provision.backends import block_cache
+from hotcache.provision.backends.parts import recorded
 from hotcache.provision.block import blockdev
 from hotcache.provision.block import busy
 from hotcache.provision.system import fstab

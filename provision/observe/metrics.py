@@ -31,7 +31,7 @@ from hotcache.provision.records import CacheEntry
 from hotcache.provision.system.atomic import write_atomic
 
 if TYPE_CHECKING:
-    from hotcache.provision.backends.stats import CacheStats
+    from hotcache.provision.backends.parts.stats import CacheStats
 
 DEFAULT_TEXTFILE = "/var/lib/prometheus/node-exporter/hotcache.prom"
 DEFAULT_UNIT_DIR = "/etc/systemd/system"

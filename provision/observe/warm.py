@@ -73,7 +73,7 @@ from hotcache.provision.system.chunks import CHUNK, chunks, thread_buffer
 from hotcache.provision.system.meter import NullMeter
 
 if TYPE_CHECKING:
-    from hotcache.provision.backends.stats import CacheStats
+    from hotcache.provision.backends.parts.stats import CacheStats
     from hotcache.provision.records import CacheEntry
 
 WINDOWS = 8             # the focused sweep's windows, at most
@@ -215,7 +215,8 @@ def backing(path: Path, state: Path | None) -> tuple[str, CacheEntry] | None:
 
 
 def backend_stats(entry: CacheEntry, runner) -> Callable[[], CacheStats | None]:
-    from hotcache.provision.backends import get, recorded
+    from hotcache.provision.backends import get
+    from hotcache.provision.backends.parts import recorded
 
     from hotcache.provision.block.host import Host
 
@@ -354,7 +355,7 @@ def origin_reads(path: Path, runner) -> Callable[[], int | None] | None:
     The origin's own counter says what the caches' statistics may not: bcache folds its
     counters in every few seconds, dm-cache counts bios, and neither counts the reads
     its promotions make."""
-    from hotcache.provision.backends.dmtable import parse_table
+    from hotcache.provision.backends.parts.dmtable import parse_table
 
     dev = os.stat(path).st_dev
     majmin = f"{os.major(dev)}:{os.minor(dev)}"

@@ -19,7 +19,7 @@ from hotcache.provision.backends import block_cache
 from hotcache.provision.hotcopy.sizing import SPILLS, advise
 
 if TYPE_CHECKING:
-    from hotcache.provision.backends.stats import CacheStats
+    from hotcache.provision.backends.parts.stats import CacheStats
 
 THRASH_RATIO = 0.8        # demotions >= 80% of promotions over an interval: thrashing
 FULL_UNUSED_PERCENT = 2   # bcache: at most this share of buckets unused counts as full

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hotcache.provision.backends import bcache_sysfs as sb
+from hotcache.provision.backends.parts import bcache_sysfs as sb
 from hotcache.provision.backends import bcache
 from hotcache.provision.engine.apply import Env, plan_apply
 from hotcache.provision.errors import ExitCode, KernelUnsupported

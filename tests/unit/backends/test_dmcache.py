@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from hotcache.provision.backends.dmtable import cache_stats, parse_status, parse_table
+from hotcache.provision.backends.parts.dmtable import cache_stats, parse_status, parse_table
 
 STATUS = ("0 974848 cache 8 15/2048 128 13/1088 92 20 3 1 0 7 5 2 metadata2 writeback "
           "2 migration_threshold 2048 smq 0 rw - ")

@@ -7,7 +7,8 @@ import pytest
 
 from hotcache.provision.backends import bcache
 from hotcache.provision.block.host import Host
-from hotcache.provision.backends import dmcache, dmflush
+from hotcache.provision.backends import dmcache
+from hotcache.provision.backends.parts import dmflush
 from hotcache.provision.errors import ExitCode, FlushIncomplete, WaitTimeout
 from hotcache.provision.system.runner import Result, Runner
 from hotcache.provision.system.waits import wait_drained

@@ -84,7 +84,7 @@ def test_teardown_wipe_never_wipes_an_adopted_lv(tmp_path, monkeypatch):
     with mapping.editing(state) as data:
         data["caches"]["home"] = entry
     monkeypatch.setenv("HOTCACHE_UNIT_DIR", str(tmp_path / "units"))
-    from hotcache.provision.backends import recorded
+    from hotcache.provision.backends.parts import recorded
 
     monkeypatch.setattr(lvmcache.LvmCache, "live", lambda self, e, nodes: None)  # active
     monkeypatch.setattr(recorded, "locate", lambda e, role, *a, **k: recorded.Found(

@@ -246,7 +246,7 @@ def test_timer_refuses_what_systemd_would_misread(bad):
 def test_a_real_dm_cache_status_line_becomes_valid_metrics(tmp_path):
     """The keys the dm-cache and lvmcache backends really return (a status line from a
     6.1 guest kernel, through the backend's own parser) all reach the file."""
-    from hotcache.provision.backends.dmtable import cache_stats, parse_status
+    from hotcache.provision.backends.parts.dmtable import cache_stats, parse_status
 
     line = ("0 974848 cache 8 15/2048 128 13/1088 92 20 3 1 0 7 5 2 metadata2 writeback "
             "2 migration_threshold 2048 smq 0 rw - ")

@@ -163,5 +163,13 @@ def test_no_backend_imports_another_backend():
 
 def test_the_checker_sees_a_backend_importing_another():
     b, d = "hotcache.provision.backends.bcache", "hotcache.provision.backends.dmcache"
-    assert backends_leaning_on_each_other({d: {b, "hotcache.provision.backends.dmtable"}},
+    assert backends_leaning_on_each_other({d: {b, "hotcache.provision.backends.parts.dmtable"}},
                                           {b, d}) == [f"{d} -> {b}"]
+
+
+def test_the_backends_folder_holds_the_backends_and_parts_holds_the_rest():
+    """backends/ lists what a reader looks for there: the registry, what a backend is
+    (base.py) and one module per backend; what they are built from lies in parts/."""
+    folder = ROOT / "provision" / "backends"
+    top = {p.stem for p in folder.glob("*.py")} - {"__init__", "base"}
+    assert top == {m.rsplit(".", 1)[1] for m in backend_modules()}

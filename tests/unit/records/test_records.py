@@ -211,7 +211,7 @@ def test_the_old_shape_keeps_its_missing_fields_missing(tmp_path):
 def test_backend_facts_are_merged_into_the_typed_state_in_the_order_written(tmp_path):
     """backends/state.remember, as lvmcache's first build runs it (the VG when it is
     made, the UUIDs once it is built): one LvmCacheState with both, in that order."""
-    from hotcache.provision.backends import state
+    from hotcache.provision.backends.parts import state
     from hotcache.provision.engine.apply import Env, Planner, execute
     from hotcache.provision.plan import Plan
     from hotcache.provision.system.runner import Runner

@@ -62,7 +62,7 @@ def test_apply(backend):
     assert cache["mode"] == "writethrough"
     assert cache["cache_total_bytes"] > 0
     if backend == "bcache":
-        from hotcache.provision.backends import bcache_sysfs as sb
+        from hotcache.provision.backends.parts import bcache_sysfs as sb
         from hotcache.provision.block.host import Host
 
         host = Host()
@@ -165,7 +165,7 @@ def test_status_shows_hits(built):
 def assert_bypass_is_counted(backend: str, before: int) -> None:
     """A sequential read longer than sequential_cutoff goes around bcache, and status's
     `bypassed` counts it (the key alone proves nothing)."""
-    from hotcache.provision.backends import bcache_sysfs as sb
+    from hotcache.provision.backends.parts import bcache_sysfs as sb
     from hotcache.provision.block.host import Host
 
     node = status(backend)["devices"]["origin"]["node"]
@@ -242,7 +242,7 @@ def live_tunables(backend: str) -> str:
     """What the kernel runs now: bcache's sysfs value, or the dm table of the cache."""
     st = status(backend)
     if backend == "bcache":
-        from hotcache.provision.backends import bcache_sysfs as sb
+        from hotcache.provision.backends.parts import bcache_sysfs as sb
         from hotcache.provision.block.host import Host
         host = Host()
         bdev = sb.bdev_dir(host, st["devices"]["origin"]["node"])
@@ -474,7 +474,7 @@ def test_flush_timeout_leaves_the_dirty_cache(monkeypatch):
         assert "dirty blocks" in res.out and "NOT removed" in res.out, res.out
         # still there, still dirty, still in the mapping
         st = sh("dmsetup", "status", dm).stdout
-        from hotcache.provision.backends.dmtable import parse_status
+        from hotcache.provision.backends.parts.dmtable import parse_status
         assert parse_status(st)["dirty_blocks"] > 0, st
         names = [c["name"] for c in hotcache("status", "--json").json["caches"]]
         assert "flush" in names

@@ -37,7 +37,7 @@ def test_restore_after_reboot(backend):
     assert checksums(data_dir(backend), "r") == sums
     tunables = REBOOT_TUNABLES[backend]
     if backend == "bcache":
-        from hotcache.provision.backends import bcache_sysfs as sb
+        from hotcache.provision.backends.parts import bcache_sysfs as sb
         from hotcache.provision.block.host import Host
         host = Host()
         node = st["devices"]["origin"]["node"]

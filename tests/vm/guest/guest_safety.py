@@ -115,7 +115,7 @@ def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch
     errors as teardown's flush begins: teardown fails and keeps the entry, the unit and
     the cache; once the origin is back, a second teardown puts every file on it."""
     from hotcache.provision.backends import bcache
-    from hotcache.provision.backends import bcache_sysfs as sb
+    from hotcache.provision.backends.parts import bcache_sysfs as sb
     from hotcache.provision.block.host import Host
 
     host = Host()

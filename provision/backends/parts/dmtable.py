@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hotcache.provision.backends.base import Failure
-from hotcache.provision.backends.stats import CacheStats
+from hotcache.provision.backends.parts.stats import CacheStats
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.system.runner import Runner
 

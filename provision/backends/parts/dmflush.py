@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from hotcache.provision.backends.dmtable import parse_status
+from hotcache.provision.backends.parts.dmtable import parse_status
 from hotcache.provision.errors import CommandFailed, FlushIncomplete
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.waits import flush_timeout, wait_drained
