@@ -457,7 +457,7 @@ def _same(plan: CopyPlan, opts: CopyOptions, name: str) -> bool:
 
 def _resumed(plan: CopyPlan) -> set[str]:
     """The paths an earlier run journaled (and this run keeps)."""
-    return {plan.entries.rel(i) for i, kind in enumerate(plan.kinds) if kind == RESUMED}
+    return {rel for rel, kind in zip(plan.entries.rels(), plan.kinds) if kind == RESUMED}
 
 
 def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owner, mode,
@@ -471,20 +471,20 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
                         owner, Limiter(opts.bwlimit) if opts.bwlimit else None, meter)
     entries, kinds = plan.entries, plan.kinds
     # Folders first, once, from this thread: the workers then only create files.
-    folders = {os.path.dirname(entries.rel(i)) for i in range(len(entries))
-               if kinds[i] != RESUMED} - {""}
+    folders = {os.path.dirname(rel) for rel, kind in zip(entries.rels(), kinds)
+               if kind != RESUMED} - {""}
     for folder in sorted(folders):
         os.close(beneath.makedirs(staging.fd, folder, 0o700))
     del folders
     digests = plan.known   # filled in place: the known ones are already there
 
     def work():
-        for i, kind in enumerate(kinds):
+        for i, (e, kind) in enumerate(zip(entries, kinds)):
             if kind == COPY:
-                yield i, worker.copy, (entries[i],)
+                yield i, worker.copy, (e,)
             elif kind != RESUMED:
                 digest = plan.known[i * DIGEST:(i + 1) * DIGEST].hex()
-                yield i, worker.link if kind == LINK else worker.check, (entries[i], digest)
+                yield i, worker.link if kind == LINK else worker.check, (e, digest)
 
     todo = len(entries) - plan.counts[RESUMED]
     meter.start(f"copy {src.name} -> {dest}", entries.bytes - plan.sizes[RESUMED], todo)
@@ -590,8 +590,8 @@ def _read_back(staging: Staging, entries: Entries, digests: Spool,
 
 def _pairs(entries: Entries, digests: Spool) -> Iterator[tuple[str, str]]:
     """(path, sha256 hex) of every selected file, in path order, one at a time."""
-    for i in range(len(entries)):
-        yield entries.rel(i), digests[i * DIGEST:(i + 1) * DIGEST].hex()
+    for i, rel in enumerate(entries.rels()):
+        yield rel, digests[i * DIGEST:(i + 1) * DIGEST].hex()
 
 
 def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old, mode,

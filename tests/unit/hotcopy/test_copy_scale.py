@@ -9,7 +9,9 @@ import os
 import tracemalloc
 from pathlib import Path
 
-from hotcache.provision.hotcopy import copier, verify
+import pytest
+
+from hotcache.provision.hotcopy import copier, selection, verify
 from hotcache.provision.hotcopy.selection import Entries, Entry, iter_walk, walk
 
 # Bytes per added file. The selection and the digests are spooled to unnamed files, so
@@ -145,6 +147,20 @@ def test_entries_hold_every_field_compactly(tmp_path):
     alias = next(e for e in as_list if e.rel == "alias")
     assert alias.via_symlink and alias.target == "f" and alias.source == "f"
     assert sel.entries[-1] == as_list[-1] and sel.entries[0:2] == as_list[0:2]
+
+
+@pytest.mark.parametrize("per", [1, 3, 4096])
+def test_a_pass_over_entries_reads_what_indexing_reads(per, monkeypatch):
+    """Iteration streams blocks of records (and their paths); across block boundaries,
+    with symlinks, odd names and empty ones, it yields exactly what entries[i] gives."""
+    monkeypatch.setattr(selection, "_STREAM_RECORDS", per)
+    made = [Entry(f"d{i % 3}/f{i}" + ("\udcff" if i % 5 == 0 else ""), i * 7, 10**18 + i,
+                  0o644, i % 4 == 1, 2049, 900 + i, f"t/{i}" if i % 4 == 1 else "")
+            for i in range(11)]
+    entries = Entries(made)
+    assert list(entries) == made == [entries[i] for i in range(len(entries))]
+    assert list(entries.rels()) == [e.rel for e in made]
+    assert list(Entries()) == [] and list(Entries().rels()) == []
 
 
 def test_the_image_folder_listing_is_compact_and_reads_as_paths(tmp_path):
