@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 
@@ -15,6 +15,9 @@ from hotcache.provision.cli.common import (DryRunOpt, FstabOpt, JsonOpt, StateOp
                                            show_plan)
 from hotcache.provision.errors import ExitCode
 from hotcache.provision.system.sizes import size
+
+if TYPE_CHECKING:
+    from hotcache.provision.engine.statusrow import StatusRow
 
 
 def devices(
@@ -198,17 +201,18 @@ def status(
                         f"free {size(r['free_bytes'])}")
             for k, v in (r.get("cache") or {}).items():
                 c.print(f"  {k}: {v}")
-            for k, v in (r.get("working_set") or {}).items():
+            ws = r.get("working_set")
+            for label, v in (("sizing", ws["sizing"]), ("working set", ws["activity"])) if ws else ():
                 if v:
-                    c.print(f"  {'sizing' if k == 'sizing' else 'working set'}: "
-                            f"{v['message']}", soft_wrap=True)
+                    c.print(f"  {label}: {v['message']}", soft_wrap=True)
             for problem in r["problems"]:
                 c.print(f"  [red]problem[/]: {problem}")
     if drift:
         raise typer.Exit(ExitCode.DRIFT)
 
 
-def _over_interval(rows, path, fstab, name, seconds: float) -> list[dict]:
+def _over_interval(rows: list[StatusRow], path, fstab, name,
+                   seconds: float) -> list[StatusRow]:
     """Read the statistics again after `seconds`; churn is judged on the difference."""
     import time
 

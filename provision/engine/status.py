@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from hotcache.provision.system.strenum import StrEnum
 from hotcache.provision import mapping
@@ -14,6 +13,8 @@ from hotcache.provision.backends import get as get_backend
 from hotcache.provision.backends.parts import recorded
 from hotcache.provision.backends.parts.stats import CacheStats
 from hotcache.provision.block.host import Host
+from hotcache.provision.engine.statusrow import (CacheFailure, DeviceSeen, FindingDoc,
+                                                 MountFacts, RowFacts, StatusRow, WorkingSet)
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.records import CacheEntry
 from hotcache.provision.system.runner import Runner
@@ -66,9 +67,10 @@ class _Findings:
         self.add(Code.CACHE_FAILED, message)
 
 
-def _devices(name: str, entry: CacheEntry, host: Host, found: _Findings) -> dict:
+def _devices(name: str, entry: CacheEntry, host: Host,
+             found: _Findings) -> dict[str, DeviceSeen]:
     """Each recorded device found by its identity: role -> {node, present}."""
-    devices: dict[str, dict[str, Any]] = {}
+    devices: dict[str, DeviceSeen] = {}
     for role in entry.devices:
         try:
             where, why = recorded.locate(entry, role, host, cache=name), Code.DEVICE_UNPROVEN
@@ -86,11 +88,12 @@ def _devices(name: str, entry: CacheEntry, host: Host, found: _Findings) -> dict
     return devices
 
 
-def _mount(host: Host, entry: CacheEntry, failed: dict | None, found: _Findings) -> dict:
+def _mount(host: Host, entry: CacheEntry, failed: CacheFailure | None,
+           found: _Findings) -> MountFacts:
     """The mount at the recorded mountpoint: options, filesystem, space."""
     fs = entry.filesystem
     mp = fs.mountpoint
-    facts: dict[str, Any] = {"mounted": False, "noatime": False, "fs_uuid_matches": False,
+    facts: MountFacts = {"mounted": False, "noatime": False, "fs_uuid_matches": False,
                              "options": [], "size_bytes": None, "used_bytes": None,
                              "free_bytes": None}
     mount = blockdev.mount_at(host, mp) if mp else None
@@ -135,7 +138,7 @@ def _persistent(name: str, entry: CacheEntry, fstab_file, found: _Findings) -> b
 
 
 def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
-                 host: Host | None = None) -> dict:
+                 host: Host | None = None) -> StatusRow:
     host = host or Host(runner)
     backend = get_backend(entry.backend, host)
     found = _Findings()
@@ -148,8 +151,9 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
                   "not finish; run `hotcache apply` again")
     cached = entry.cached_device
     if not backend.block_cache:       # the filesystem is on the origin itself
-        cached = devices.get("origin", {}).get("node")
-    result: dict[str, Any] = {
+        origin = devices.get("origin")
+        cached = origin["node"] if origin else None
+    seen: RowFacts = {
         "name": name, "backend": entry.backend, "mode": entry.mode,
         "state": entry.state, "devices": devices, "cached_device": cached,
         "mountpoint": entry.filesystem.mountpoint,
@@ -159,19 +163,20 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
     if backend.block_cache and not found.problems:
         try:
             nodes = {role: d["node"] for role, d in devices.items()}
-            result["cache"] = backend.stats(entry, nodes)
+            seen["cache"] = backend.stats(entry, nodes)
         except (HotcacheError, OSError, ValueError, KeyError) as exc:
             found.add(Code.STATS_UNREADABLE, f"cannot read cache statistics: {exc}")
-    result["working_set"] = working_set(result, entry)
     # `problems` (the messages) is what status has always printed; `findings` adds the
     # code of each, for doctor and for scripts reading --json.
-    result["problems"] = [p.message for p in found.problems]
-    result["findings"] = [{"code": p.code.value, "message": p.message} for p in found.problems]
-    result["ok"] = not found.problems
-    return result
+    findings: list[FindingDoc] = [{"code": p.code.value, "message": p.message}
+                                  for p in found.problems]
+    return {**seen, "working_set": working_set(seen, entry),
+            "problems": [p.message for p in found.problems], "findings": findings,
+            "ok": not found.problems}
 
 
-def cache_failure(entry: CacheEntry, host: Host, nodes: dict) -> dict | None:
+def cache_failure(entry: CacheEntry, host: Host,
+                  nodes: dict[str, str | None]) -> CacheFailure | None:
     """The cache device's failure, as the kernel reports it and as a bounded read of the
     SSD finds it; None when neither finds anything wrong."""
     info = entry.devices.get("cache")
@@ -204,8 +209,8 @@ def cache_failure(entry: CacheEntry, host: Host, nodes: dict) -> dict | None:
             "message": f"cache failed: {path}: {'; '.join(said)}; {risk}"}
 
 
-def working_set(row: dict, entry: CacheEntry, before: CacheStats | None = None,
-                seconds: float | None = None) -> dict:
+def working_set(row: RowFacts, entry: CacheEntry, before: CacheStats | None = None,
+                seconds: float | None = None) -> WorkingSet:
     """The cache against what it is to hold: sizing advice and (block caches) churn."""
     from hotcache.provision.observe.workingset import churn, row_advice
 
@@ -222,7 +227,8 @@ def _describe(entry: CacheEntry, role: str) -> str:
     return info.path or info.node or "?"
 
 
-def host_status(state_path, fstab_file, runner: Runner, name: str | None = None) -> list[dict]:
+def host_status(state_path, fstab_file, runner: Runner,
+                name: str | None = None) -> list[StatusRow]:
     data = mapping.load(state_path)
     names = [name] if name else list(data["caches"])
     return [cache_status(n, data["caches"][n], runner, fstab_file) for n in names]

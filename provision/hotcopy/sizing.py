@@ -11,7 +11,8 @@ petastorm#814: 34 h down to 9 h). Standard library only: the adapters' advice re
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Final, Literal, TypedDict
 
 from hotcache.provision.errors import UsageError
 from hotcache.provision.system import sizes
@@ -19,22 +20,35 @@ from hotcache.provision.system import sizes
 MARGIN_LOW = 1.2       # cache >= 1.2 x data: fits with the margin the documents ask for
 MARGIN_HIGH = 1.5
 
-FITS = "fits with margin"
-TIGHT = "fits without margin"
-SPILLS = "does not fit"
+Case = Literal["fits with margin", "fits without margin", "does not fit"]
+FITS: Final = "fits with margin"
+TIGHT: Final = "fits without margin"
+SPILLS: Final = "does not fit"
+
+
+class AdviceDoc(TypedDict):
+    """An Advice as the --json documents carry it (status' working set, copy's sizing)."""
+    case: Case
+    need_bytes: int
+    capacity_bytes: int
+    ratio: float | None
+    hot_share: float
+    message: str
 
 
 @dataclass(frozen=True)
 class Advice:
-    case: str                 # FITS, TIGHT or SPILLS
+    case: Case                # FITS, TIGHT or SPILLS
     need_bytes: int           # what is to be cached
     capacity_bytes: int       # what the fast tier holds
     ratio: float | None       # capacity / need
     hot_share: float          # share of the data a --fit subset (with the margin) holds
     message: str
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_dict(self) -> AdviceDoc:
+        return {"case": self.case, "need_bytes": self.need_bytes,
+                "capacity_bytes": self.capacity_bytes, "ratio": self.ratio,
+                "hot_share": self.hot_share, "message": self.message}
 
 
 def advise(need: int, capacity: int, what: str = "the data",

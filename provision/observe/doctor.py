@@ -22,6 +22,7 @@ from hotcache.provision.backends import BACKENDS, PLAIN, block_cache
 from hotcache.provision.backends.base import KERNEL_FIX
 from hotcache.provision.system import fstab
 from hotcache.provision.engine.status import Code as Drift
+from hotcache.provision.engine.statusrow import StatusRow
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.system.runner import PACKAGES, Runner, which
 
@@ -355,7 +356,7 @@ def check_restore_failed(caches: dict, runner: Runner) -> list[Finding]:
     return out
 
 
-def check_drift(rows: dict[str, dict]) -> list[Finding]:
+def check_drift(rows: dict[str, StatusRow]) -> list[Finding]:
     out = []
     for name, row in sorted(rows.items()):
         if row["ok"]:
@@ -366,7 +367,7 @@ def check_drift(rows: dict[str, dict]) -> list[Finding]:
     return out
 
 
-def check_space_and_copies(caches: dict, rows: dict[str, dict], opts: Options) -> list[Finding]:
+def check_space_and_copies(caches: dict, rows: dict[str, StatusRow], opts: Options) -> list[Finding]:
     from hotcache.provision.hotcopy.format import CopyState
     from hotcache.provision.observe.metrics import hot_copies
 
@@ -376,9 +377,11 @@ def check_space_and_copies(caches: dict, rows: dict[str, dict], opts: Options) -
     for name, row in sorted(rows.items()):
         if not row["mounted"] or not row["size_bytes"]:
             continue
+        free, size = row["free_bytes"], row["size_bytes"]
+        if free is None or not size:   # both come from one statvfs: never one alone
+            continue
         # A failed cache's filesystem answers with I/O errors: only recorded copies.
         copies = hot_copies(caches[name], not row.get("cache_failed"))
-        free, size = row["free_bytes"], row["size_bytes"]
         share = 100.0 * free / size
         if share < opts.min_free_percent:
             held = sum(c["bytes"] or 0 for c in copies)
@@ -414,7 +417,7 @@ def check_space_and_copies(caches: dict, rows: dict[str, dict], opts: Options) -
     return out
 
 
-def check_working_set(rows: dict[str, dict]) -> list[Finding]:
+def check_working_set(rows: dict[str, StatusRow]) -> list[Finding]:
     """What each cache is to hold against its fast tier (status' working_set): a block
     cache smaller than its data thrashes, a plain SSD's hot copies need room to refresh."""
     from hotcache.provision.hotcopy.sizing import FITS

@@ -29,11 +29,14 @@ from __future__ import annotations
 import math
 import re
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from pathlib import PurePosixPath
 
 from hotcache.provision.errors import UsageError
 from hotcache.provision.observe import nodelabels
+
+if TYPE_CHECKING:
+    from hotcache.provision.engine.statusrow import StatusRow
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "hotcache"}
 PART_OF = "hotcache"
@@ -184,7 +187,7 @@ def job(copy: dict, namespace: str, image: str, uid: int, gid: int, shm: str,
     return spec
 
 
-def manifests(rows: list[dict], caches: dict, *, node: str | None = None,
+def manifests(rows: list[StatusRow], caches: dict, *, node: str | None = None,
               dataset: str | None = None, namespace: str = "default",
               image: str = DEFAULT_IMAGE, uid: int = 1000, gid: int = 1000,
               shm: str = "8Gi", sc: str = DEFAULT_STORAGE_CLASS,

@@ -19,7 +19,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import CollectorRegistry
@@ -31,6 +31,7 @@ from hotcache.provision.records import CacheEntry
 from hotcache.provision.system.atomic import write_atomic
 
 if TYPE_CHECKING:
+    from hotcache.provision.engine.statusrow import StatusRow
     from hotcache.provision.backends.parts.stats import CacheStats
 
 DEFAULT_TEXTFILE = "/var/lib/prometheus/node-exporter/hotcache.prom"
@@ -158,7 +159,7 @@ def _copy_row(path: str, info: dict) -> dict:
 class StatusCollector:
     """Turns status rows (provision/status.py) into metric families."""
 
-    def __init__(self, rows: list[dict], entries: dict, now: float | None = None):
+    def __init__(self, rows: list[StatusRow], entries: dict, now: float | None = None):
         self.rows, self.entries = rows, entries
         self.now = time.time() if now is None else now
 
@@ -174,9 +175,9 @@ class StatusCollector:
             self._cache(g, row)
         return g.all()
 
-    def _cache(self, g: "_Families", row: dict) -> None:
+    def _cache(self, g: "_Families", row: StatusRow) -> None:
         name = row["name"]
-        stats = row.get("cache") or {}
+        stats: Mapping[str, object] = row.get("cache") or {}
         mp = row.get("mountpoint") or ""
         devices = row.get("devices") or {}
         up = row.get("state") == "ready" and bool(devices) and all(
@@ -233,7 +234,7 @@ class StatusCollector:
             if copy["recorded"]:    # a folder hotcache did not make says nothing here
                 self._copy(g, name, copy)
 
-    def _restore(self, g: "_Families", name: str, row: dict) -> None:
+    def _restore(self, g: "_Families", name: str, row: StatusRow) -> None:
         from hotcache.provision.backends import BACKENDS
         from hotcache.provision.engine import restorelog
         from hotcache.provision.system.runner import Runner
@@ -246,7 +247,7 @@ class StatusCollector:
                 ["cache"]).add_metric([name], int(restorelog.failure(name, Runner())
                                                   is not None))
 
-    def _working_set(self, g: "_Families", name: str, row: dict,
+    def _working_set(self, g: "_Families", name: str, row: StatusRow,
                      stats: CacheStats | None) -> None:
         """What the cache is to hold against its fast tier, and bcache's buckets."""
         sizing = (row.get("working_set") or {}).get("sizing")
@@ -310,13 +311,13 @@ class _Families:
         return list(self._by_name.values())
 
 
-def registry_for(rows: list[dict], state: Path, now: float | None = None) -> CollectorRegistry:
+def registry_for(rows: list[StatusRow], state: Path, now: float | None = None) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(StatusCollector(rows, mapping.load(state)["caches"], now))
     return reg
 
 
-def write_textfile(path: str | os.PathLike, rows: list[dict], state: Path) -> None:
+def write_textfile(path: str | os.PathLike, rows: list[StatusRow], state: Path) -> None:
     """Write the metrics to `path` atomically (an O_EXCL temp file in the same folder,
     then rename), never through a name planted in that folder."""
     from prometheus_client import generate_latest

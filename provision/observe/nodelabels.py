@@ -29,10 +29,14 @@ import datetime as dt
 import hashlib
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hotcache.provision import mapping
 from hotcache.provision.backends import PLAIN
 from hotcache.provision.observe.metrics import hot_copies
+
+if TYPE_CHECKING:
+    from hotcache.provision.engine.statusrow import StatusRow
 
 PREFIX = "hotcache.feature.node.kubernetes.io"
 DEFAULT_FEATURES_DIR = "/etc/kubernetes/node-feature-discovery/features.d"
@@ -76,11 +80,11 @@ def cache_label(cache: str) -> str:
     return f"{PREFIX}/cache-{slug(cache, limit=50)}"
 
 
-def _up(row: dict) -> bool:
+def _up(row: StatusRow) -> bool:
     return bool(row.get("mounted")) and row.get("state") == "ready"
 
 
-def verified_copies(rows: list[dict], caches: dict) -> list[dict]:
+def verified_copies(rows: list[StatusRow], caches: dict) -> list[dict]:
     """The hot copies on caches that are up which are present, complete, and whose last
     verification passed (each with its `cache` and `backend`). `rows` are `hotcache
     status` rows, `caches` the mapping's entries."""
@@ -92,13 +96,14 @@ def verified_copies(rows: list[dict], caches: dict) -> list[dict]:
     return out
 
 
-def labels(rows: list[dict], caches: dict) -> dict[str, str]:
+def labels(rows: list[StatusRow], caches: dict) -> dict[str, str]:
     """{label: value} for the caches that are up and the verified hot copies on them."""
     out: dict[str, str] = {}
     for row in filter(_up, rows):
         key = cache_label(row["name"])
         out[key] = value(row.get("backend") or PLAIN)
-        mode = (row.get("cache") or {}).get("mode") or row.get("mode")
+        stats = row.get("cache")
+        mode = (stats.get("mode") if stats else None) or row.get("mode")
         if mode:
             out[f"{key}.mode"] = value(mode)
     for copy in verified_copies(rows, caches):
@@ -127,7 +132,7 @@ def feature_file(found: dict[str, str], now: dt.datetime | None = None,
     return text
 
 
-def write(path: str | Path, rows: list[dict], state: Path,
+def write(path: str | Path, rows: list[StatusRow], state: Path,
           expiry_seconds: int = DEFAULT_EXPIRY_SECONDS) -> dict[str, str]:
     """Write the feature file atomically; returns the labels written."""
     from hotcache.provision.system.atomic import write_atomic

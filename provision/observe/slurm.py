@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import TYPE_CHECKING
 
 from hotcache.provision.observe.nodelabels import verified_copies
+
+if TYPE_CHECKING:
+    from hotcache.provision.engine.statusrow import StatusRow
 
 PREFIX = "hc_"
 MAX_FEATURE = 60
@@ -42,7 +46,7 @@ def feature_name(name: str, version) -> str:
             f"{_part(version, _VERSION, r'[^A-Za-z0-9.]', 20)}")
 
 
-def features(rows: list[dict], caches: dict) -> list[dict]:
+def features(rows: list[StatusRow], caches: dict) -> list[dict]:
     """One entry per verified hot copy: its feature, dataset, version, path and cache,
     plus `source` and `partial` from the copy's metadata (for DATA_COLD_ROOT)."""
     from pathlib import Path
@@ -145,7 +149,7 @@ def valid(feature: str) -> bool:
     return bool(_FEATURE.fullmatch(feature))
 
 
-def push(rows: list[dict], caches: dict, node: str | None = None, dry_run: bool = False,
+def push(rows: list[StatusRow], caches: dict, node: str | None = None, dry_run: bool = False,
          runner=None) -> dict:
     """Set `node`'s hc_ features in slurmctld to the verified hot copies now (`scontrol
     update NodeName=... AvailableFeatures=... ActiveFeatures=...`), its other features

@@ -20,6 +20,8 @@ from hotcache.provision.hotcopy.sizing import SPILLS, advise
 
 if TYPE_CHECKING:
     from hotcache.provision.backends.parts.stats import CacheStats
+    from hotcache.provision.engine.statusrow import RowFacts
+    from hotcache.provision.hotcopy.sizing import AdviceDoc
 
 THRASH_RATIO = 0.8        # demotions >= 80% of promotions over an interval: thrashing
 FULL_UNUSED_PERCENT = 2   # bcache: at most this share of buckets unused counts as full
@@ -73,20 +75,22 @@ def plan_advice(host, datasets: list[Path]) -> list[dict]:
     return out
 
 
-def row_advice(row: dict, copies: list[dict]) -> dict | None:
+def row_advice(row: RowFacts, copies: list[dict]) -> AdviceDoc | None:
     """A status row's working set against its fast tier: a block cache's filesystem data
     against the cache device; a plain SSD's hot copies against its filesystem."""
-    stats = row.get("cache") or {}
+    stats = row.get("cache")
     if not block_cache(row.get("backend")):
         need = sum(c.get("bytes") or 0 for c in copies)
-        if not need or not row.get("size_bytes"):
+        room = row.get("size_bytes")
+        if not need or not room:
             return None
-        return advise(need, row["size_bytes"], "the hot copies",
-                      f"{row['name']}'s filesystem").to_dict()
-    if not stats.get("cache_total_bytes") or row.get("used_bytes") is None:
+        return advise(need, room, "the hot copies", f"{row['name']}'s filesystem").to_dict()
+    total = stats.get("cache_total_bytes") if stats else None
+    used = row.get("used_bytes")
+    if not total or used is None:
         return None
-    return advise(row["used_bytes"], stats["cache_total_bytes"],
-                  f"the data on {row['name']}", f"its {row['backend']} cache").to_dict()
+    return advise(used, total, f"the data on {row['name']}",
+                  f"its {row['backend']} cache").to_dict()
 
 
 def churn(before: CacheStats | None, after: CacheStats, seconds: float | None) -> dict | None:
