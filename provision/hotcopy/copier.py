@@ -166,6 +166,7 @@ def parse_rate(text: str | None) -> int | None:
 
 COPY, LINK, CHECK, RESUMED = range(4)   # what a run does with each selected file
 DIGEST = 32                              # bytes of a sha256 in the compact arrays
+_DIGESTS_READ = 2048                     # digests read at once by a pass over all (64 KiB)
 
 
 @dataclass
@@ -508,11 +509,12 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
                 done, remaining = wait(remaining, timeout=CHECKPOINT_SECONDS,
                                        return_when=FIRST_EXCEPTION)
                 for fut in done:
-                    for i, (rel, size, mtime_ns, digest) in fut.result():
-                        digests[i * DIGEST:(i + 1) * DIGEST] = bytes.fromhex(digest)
-                        pending.append((rel, size, mtime_ns, digest))
-                        since["bytes"] += size
-                        meter.file_done()
+                    finished = fut.result()
+                    _store_digests(digests, finished)
+                    for _i, line in finished:
+                        pending.append(line)
+                        since["bytes"] += line[1]
+                    meter.file_done(len(finished))
                 remaining |= {pool.submit(_batch, b) for b in
                               itertools.islice(batches, window - len(remaining))}
                 if (since["bytes"] >= CHECKPOINT_BYTES or len(pending) >= CHECKPOINT_FILES
@@ -525,6 +527,21 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
             _fail(exc, staging, dest, plan, checkpoint)
             raise
     return digests, worker.recopied
+
+
+def _store_digests(digests: Spool, finished: list[tuple[int, Done]]) -> None:
+    """Put a batch's digests in place, one write per run of consecutive files (a batch
+    is a run unless files an earlier run finished sit between its files)."""
+    first, run = 0, bytearray()
+    for i, (_rel, _size, _mtime_ns, digest) in finished:
+        if run and i != first + len(run) // DIGEST:
+            digests[first * DIGEST:first * DIGEST + len(run)] = run
+            run = bytearray()
+        if not run:
+            first = i
+        run += bytes.fromhex(digest)
+    if run:
+        digests[first * DIGEST:first * DIGEST + len(run)] = run
 
 
 def _batches(work: Iterable[tuple]) -> Iterator[list[tuple]]:
@@ -590,8 +607,11 @@ def _read_back(staging: Staging, entries: Entries, digests: Spool,
 
 def _pairs(entries: Entries, digests: Spool) -> Iterator[tuple[str, str]]:
     """(path, sha256 hex) of every selected file, in path order, one at a time."""
-    for i, rel in enumerate(entries.rels()):
-        yield rel, digests[i * DIGEST:(i + 1) * DIGEST].hex()
+    rels, n = entries.rels(), len(entries)
+    for first in range(0, n, _DIGESTS_READ):
+        block = digests[first * DIGEST:min(n, first + _DIGESTS_READ) * DIGEST]
+        for at in range(0, len(block), DIGEST):
+            yield next(rels), block[at:at + DIGEST].hex()
 
 
 def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old, mode,

@@ -26,7 +26,7 @@ _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
 
 
 def line(digest: str, rel: str) -> str:
-    if any(c in rel for c in _ESCAPES):
+    if "\\" in rel or "\n" in rel or "\r" in rel:   # the keys of _ESCAPES
         return "\\" + digest + "  " + "".join(_ESCAPES.get(c, c) for c in rel) + "\n"
     return f"{digest}  {rel}\n"
 

@@ -118,7 +118,7 @@ class Spool:
             raise OSError(errno.EIO, "the spool file came back short")
         return out
 
-    def __setitem__(self, key: slice, data: bytes) -> None:
+    def __setitem__(self, key: slice, data: bytes | bytearray) -> None:
         start, stop = self._span(key)
         if stop - start != len(data):
             raise ValueError("a spool span is overwritten with as many bytes")
