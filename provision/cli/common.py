@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Any, Mapping, Optional
 
 import typer
 
@@ -38,7 +38,7 @@ JobsOpt = typer.Option(0, "--jobs", "-j", min=0, show_default=False,
 JSON_FORMAT = 1
 
 
-def emit(doc: dict, kind: str | None) -> None:
+def emit(doc: Mapping[str, Any], kind: str | None) -> None:
     """Print a --json document: `kind` and `format_version` first, then `doc`'s keys in
     the order the command built them. kind None: a document that names itself in its own
     standard's terms (a Kubernetes List, a JSON Schema)."""

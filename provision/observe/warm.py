@@ -62,7 +62,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypedDict
 
 from hotcache.provision.backends import BACKENDS, PLAIN, block_cache
 from hotcache.provision.system import beneath
@@ -87,6 +87,76 @@ FOCUS_SHARE = 0.5       # re-read the slow files alone when they are under half 
 FOCUS_READS = 16        # reads of them, at most (smq lifts an entry by 1-4 levels a tick)
 QUIET_PASSES = 3        # full passes in a row that promoted nothing and missed as much
 FULL = 0.99             # share of the cache in use at which it can take no more
+
+
+# The report `warm` returns and `hotcache warm --json` prints, as TypedDicts: at run time
+# the plain dicts the JSON is made of, while mypy checks every key a reader names. The
+# order of the keys in the JSON is the order the code below builds them in.
+
+class ReadDoc(TypedDict):
+    """One read of a list of files (`Reader.read`), and what the cache did meanwhile."""
+    bytes: int
+    files: int
+    seconds: float
+    mib_per_s: float | None
+    files_per_s: float | None
+    promoted: int                       # blocks the cache took in (0 when it cannot tell)
+    lookups: tuple[int, int] | None     # (reads the cache saw, of them misses), if counted
+    from_origin: int | None             # bytes the origin device served, if it can tell
+    rising: bool                        # promotions or cache use went up
+    stats: CacheStats | None            # the cache's statistics after the read
+
+
+# "pass" is a Python keyword: this part of a pass's shape can only be spelt this way.
+_PassNumber = TypedDict("_PassNumber", {"pass": int, "readers": int})
+
+
+class PassDoc(_PassNumber, ReadDoc):
+    """A full pass over the files: its number, how many readers, and the read."""
+
+
+class RereadDoc(TypedDict):
+    """A part of the files read again and again (`reread`)."""
+    files: int
+    reads: int
+    promoted: int
+    seconds: float
+
+
+class WindowDoc(RereadDoc):
+    """A window of the focused sweep (dm-cache, lvmcache)."""
+    window: int
+
+
+class FocusDoc(RereadDoc):
+    """The slow files of a pass, re-read on their own."""
+    after_pass: int
+
+
+class _Head(TypedDict):
+    path: str
+    files: int
+    bytes: int
+    cache: str | None                   # the mapping's cache behind the path, if any
+    backend: str
+
+
+class _Order(_Head, total=False):
+    order: str                          # --order: the read-ahead's order file
+
+
+class WarmReport(_Order):
+    """What `warm` did: every read, why it stopped, the cache's statistics around it."""
+    evicted_before_reading: bool
+    metadata_reread: bool
+    sweep: list[WindowDoc]
+    passes: list[PassDoc]
+    focus: list[FocusDoc]
+    stopped: str                        # why it stopped, in words
+    before: CacheStats | None
+    after: CacheStats | None
+    hit_ratio_before: float | None
+    hit_ratio_after: float | None
 
 
 def files_under(root_fd: int) -> list[tuple[Path, int]]:
@@ -261,7 +331,7 @@ def windows(files: list[tuple[Path, int]]) -> list[list[tuple[Path, int]]]:
     return [w for w in out if w]
 
 
-def hit_cache(read: dict) -> str | None:
+def hit_cache(read: ReadDoc) -> str | None:
     """What shows that a read was served by the cache (at most MISSED per mille of it came
     from the origin), or None. The origin device's own read counter decides when known;
     else the cache's miss counter (dm-cache counts bios, not bytes)."""
@@ -276,7 +346,7 @@ def hit_cache(read: dict) -> str | None:
     return None
 
 
-def still_missing(read: dict) -> str:
+def still_missing(read: ReadDoc) -> str:
     origin, seen = read.get("from_origin"), read.get("lookups")
     if origin is not None:
         return f"; {units.size(origin)} of {units.size(read['bytes'])} in the last pass " \
@@ -285,7 +355,7 @@ def still_missing(read: dict) -> str:
         else ""
 
 
-def window_done(reads: list[dict]) -> bool:
+def window_done(reads: list[ReadDoc]) -> bool:
     """Stop re-reading a window once a read hit the cache, or promotions stopped for two
     reads in a row after reads that promoted (smq promotes in waves: one quiet read is no
     end), or three reads promoted nothing at all (smq will not take it now); at most
@@ -296,7 +366,7 @@ def window_done(reads: list[dict]) -> bool:
     return gains[-2:] == [0, 0] and (any(gains) or len(gains) >= 3)
 
 
-def focus_done(reads: list[dict]) -> bool:
+def focus_done(reads: list[ReadDoc]) -> bool:
     """Stop re-reading the slow files only once they hit the cache (or after FOCUS_READS
     reads): the entries smq keeps for them start low and rise by at most 4 of its 64
     levels a tick, promotion needs level 48 while most lookups land low, so reads that
@@ -317,14 +387,14 @@ def lookups(before: CacheStats | None, after: CacheStats | None) -> tuple[int, i
     return hits + misses, misses
 
 
-def falling(before: dict | None, after: dict) -> bool:
+def falling(before: ReadDoc | None, after: ReadDoc) -> bool:
     """Did the origin serve clearly less (under 90%) in `after` than in `before`? (bcache
     has no promotion counter, and its cache use is reported in whole per cents.)"""
-    a, b = (before or {}).get("from_origin"), after.get("from_origin")
+    a, b = before.get("from_origin") if before else None, after.get("from_origin")
     return a is not None and b is not None and b * 10 < a * 9
 
 
-def settled(passes: list[dict]) -> str | None:
+def settled(passes: list[PassDoc]) -> str | None:
     """Why the full passes can stop after the last one, or None to read again.
 
     What counts is whether reads still go to the origin: a pass that promoted nothing can
@@ -338,7 +408,7 @@ def settled(passes: list[dict]) -> str | None:
         return f"reads hit the cache: {hit} in the last pass"
     if last["stats"] is None:
         return "no cache statistics to follow" + still_missing(last)
-    used, size = (last["stats"].get(k) for k in ("cache_used_bytes", "cache_total_bytes"))
+    used, size = last["stats"].get("cache_used_bytes"), last["stats"].get("cache_total_bytes")
     if used and size and used >= FULL * size and not last["rising"]:
         return "the cache is full" + still_missing(last)
     known = last.get("from_origin") is not None or last.get("lookups") is not None
@@ -394,7 +464,7 @@ class Reader:
     metadata: bool = True     # still allowed to drop dentries and inodes
     seconds: list[float] = field(default_factory=list)   # per file, of the last read
 
-    def read(self, label: str, files: list[tuple[Path, int]], note: bool) -> dict:
+    def read(self, label: str, files: list[tuple[Path, int]], note: bool) -> ReadDoc:
         if self.evict and self.metadata:
             self.metadata = forget_metadata()
         self.meter.start(label, sum(size for _, size in files), len(files))
@@ -404,7 +474,7 @@ class Reader:
                                        self.root_fd)
         seconds = time.monotonic() - t0
         now, origin1 = self.stats(), self.origin()
-        out = {"bytes": read, "files": len(files), "seconds": round(seconds, 3),
+        out: ReadDoc = {"bytes": read, "files": len(files), "seconds": round(seconds, 3),
                "mib_per_s": round(read / (1 << 20) / seconds, 1) if seconds else None,
                "files_per_s": round(len(files) / seconds, 1) if seconds else None,
                "promoted": max(0, promotions(now) - promotions(self.last)),
@@ -421,10 +491,10 @@ class Reader:
 
 
 def reread(reader: Reader, part: list[tuple[Path, int]], label: str,
-           done: Callable[[list[dict]], bool] = window_done) -> dict:
+           done: Callable[[list[ReadDoc]], bool] = window_done) -> RereadDoc:
     """Read a part of the files again and again, at most once per smq tick, until `done`
     says so."""
-    reads: list[dict] = []
+    reads: list[ReadDoc] = []
     while not reads or not done(reads):
         if reads and reads[-1]["seconds"] < TICK:
             time.sleep(TICK - reads[-1]["seconds"])   # a read in the same tick counts once
@@ -435,7 +505,7 @@ def reread(reader: Reader, part: list[tuple[Path, int]], label: str,
             "seconds": round(sum(r["seconds"] for r in reads), 3)}
 
 
-def sweep(reader: Reader, files: list[tuple[Path, int]]) -> list[dict]:
+def sweep(reader: Reader, files: list[tuple[Path, int]]) -> list[WindowDoc]:
     """Phase 1 for smq: each window read until its promotions stop (see the module doc)."""
     parts = windows(files)
     return [{"window": i, **reread(reader, part, f"warm window {i}/{len(parts)}")}
@@ -445,7 +515,8 @@ def sweep(reader: Reader, files: list[tuple[Path, int]]) -> list[dict]:
 def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None = None,
          runner=None, meter: NullMeter | None = None,
          stats: Callable[[], CacheStats | None] | None = None, backend: str | None = None,
-         origin: Callable[[], int | None] | None = None, order: Path | None = None) -> dict:
+         origin: Callable[[], int | None] | None = None,
+         order: Path | None = None) -> WarmReport:
     """Warm the cache(s) behind `path`; returns a report of every pass.
 
     With `order` (a file listing paths under `path`, the next epoch's order as the
@@ -490,7 +561,7 @@ def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None =
         os.close(root_fd)
 
 
-def _read_ahead(path, root_fd, order, jobs, meter, backend, cache) -> dict:
+def _read_ahead(path, root_fd, order, jobs, meter, backend, cache) -> WarmReport:
     """One pass over the files `order` lists, in its order (with several readers each
     takes the next file in the list, so the reads run at most `jobs` files apart)."""
     files = ordered_files(root_fd, path, order)
@@ -504,7 +575,7 @@ def _read_ahead(path, root_fd, order, jobs, meter, backend, cache) -> dict:
             "before": None, "after": None, "hit_ratio_before": None, "hit_ratio_after": None}
 
 
-def _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache) -> dict:
+def _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache) -> WarmReport:
     if path.is_dir():
         files = files_under(root_fd)
     else:
@@ -519,8 +590,8 @@ def _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache)
     reader = Reader(jobs or default_jobs(), block, meter, stats, before, root_fd,
                     origin or (lambda: None))
     swept = sweep(reader, files) if smq and before is not None else []
-    passes: list[dict] = []
-    focused: list[dict] = []
+    passes: list[PassDoc] = []
+    focused: list[FocusDoc] = []
     reason = "page cache: one pass"
     n = 0
     while True:
