@@ -28,6 +28,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Literal, TypedDict
 
 from hotcache.provision import __version__
 from hotcache.provision.system import beneath, fsops, sizes, users
@@ -38,13 +39,13 @@ from hotcache.provision.hotcopy.format import (FORMAT, MANIFEST, METADATA, STAGI
                                                label_ok, read_metadata, staging_dir)
 from hotcache.provision.system.clock import now
 from hotcache.provision.system.meter import NullMeter
-from hotcache.provision.hotcopy.selection import Entries, Entry, select
+from hotcache.provision.hotcopy.selection import Coverage, Entries, Entry, select
 from hotcache.provision.hotcopy.spool import Spool
 from hotcache.provision.hotcopy.staging import Staging
-from hotcache.provision.hotcopy.sizing import FITS
+from hotcache.provision.hotcopy.sizing import FITS, AdviceDoc
 from hotcache.provision.hotcopy.subset import advice_for, sized
 
-__all__ = ["CHUNK", "CopyOptions", "copy", "default_jobs"]
+__all__ = ["CHUNK", "CopyOptions", "CopySummary", "copy", "default_jobs"]
 
 CHECKPOINT_BYTES = 256 << 20
 CHECKPOINT_SECONDS = 2.0
@@ -53,6 +54,45 @@ CHECKPOINT_FILES = 16384   # and at most this many files: the journal's pending 
 BATCH_BYTES = 8 << 20      # small files go to the threads in batches, to keep the
 BATCH_FILES = 64           # per-file overhead (futures, wakeups) out of the way
 WINDOW = 4                 # batches in flight per thread: enough to keep them busy
+
+
+# The summary `copy` returns and `hotcache copy --json` prints, as TypedDicts: at run time
+# the plain dict the JSON is made of, while mypy checks every key a reader names. The
+# order of the keys in the JSON is the order `_copy` builds them in.
+
+class _Counts(TypedDict):
+    source: str
+    dest: str
+    name: str
+    files: int                  # in the selection
+    bytes: int
+    copied_files: int           # copied this run (with those --checksum found changed)
+    copied_bytes: int
+    reused_files: int           # unchanged since the published version: linked
+    resumed_files: int          # synced by an interrupted run
+    checked_files: int          # hashed again (--checksum)
+    skipped: list[str]          # what the walk left out, and why
+    sizing: AdviceDoc           # the selection against the free space at DEST
+
+
+class _Fit(TypedDict, total=False):
+    fit: dict                   # how a sized subset was drawn (--fit, --budget)
+
+
+class CopyPlanned(_Counts, Coverage, _Fit):
+    """What a copy is to do, before it is done."""
+
+
+class _Versioned(CopyPlanned):
+    version: str
+    changed: bool               # a new version was published
+
+
+class CopySummary(_Versioned, total=False):
+    """What `copy` did (or, with dry_run, would do)."""
+    dry_run: Literal[True]      # only in a dry run
+    copied_at: str              # a published copy: when
+    cache: str | None           # a published copy: the mapping's cache that holds it
 
 
 @dataclass
@@ -336,7 +376,8 @@ class Place:
             self.parent_fd = -1
 
 
-def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = None) -> dict:
+def copy(src: Path, dest: Path, opts: CopyOptions,
+         meter: NullMeter | None = None) -> CopySummary:
     """Make (or refresh) the hot copy of `src` at `dest`; returns a summary."""
     meter = meter or NullMeter()
     src, dest = check_paths(src, dest)
@@ -374,7 +415,7 @@ def copy(src: Path, dest: Path, opts: CopyOptions, meter: NullMeter | None = Non
         place.close()
 
 
-def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> dict:
+def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> CopySummary:
     dest = place.dest
     staging = place.staging()
     try:
@@ -384,13 +425,14 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> d
         raise
     old = plan.old
     name = opts.name or (old or {}).get("name") or src.name
-    summary = {"source": str(src), "dest": str(dest), "name": name,
-               "files": len(sel.entries), "bytes": sel.bytes,
-               "copied_files": plan.counts[COPY], "copied_bytes": plan.sizes[COPY],
-               "reused_files": plan.counts[LINK], "resumed_files": plan.counts[RESUMED],
-               "checked_files": plan.counts[CHECK],
-               "skipped": sel.warnings, **sel.coverage,
-               **({"fit": sel.rule} if sel.rule else {}), "sizing": sizing.to_dict()}
+    fit: _Fit = {"fit": sel.rule} if sel.rule else {}
+    summary: CopyPlanned = {
+        "source": str(src), "dest": str(dest), "name": name,
+        "files": len(sel.entries), "bytes": sel.bytes,
+        "copied_files": plan.counts[COPY], "copied_bytes": plan.sizes[COPY],
+        "reused_files": plan.counts[LINK], "resumed_files": plan.counts[RESUMED],
+        "checked_files": plan.counts[CHECK],
+        "skipped": sel.warnings, **sel.coverage, **fit, "sizing": sizing.to_dict()}
     try:
         if old is not None and _same(plan, opts, name) and not plan.counts[CHECK] and \
                 opts.version in (None, old["version"]):

@@ -17,6 +17,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from hotcache.provision.errors import UsageError
 from hotcache.provision.system import beneath
@@ -133,6 +134,16 @@ class Entries(Sequence):
     # No __hash__: a class that defines __eq__ alone is unhashable, as a list is.
 
 
+class Coverage(TypedDict, total=False):
+    """The share of SRC a selection holds: every key, or none when the walk of SRC was
+    not counted (a --list selection)."""
+    source_files: int
+    source_bytes: int | None
+    fraction: float
+    bytes_fraction: float
+    partial: bool
+
+
 @dataclass
 class Selection:
     entries: Entries
@@ -146,7 +157,7 @@ class Selection:
             self.entries = Entries(self.entries)
 
     @property
-    def coverage(self) -> dict:
+    def coverage(self) -> Coverage:
         """The share of SRC this selection holds, as recorded in the copy's metadata."""
         if not self.source_files:
             return {}
