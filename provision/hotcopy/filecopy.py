@@ -86,6 +86,10 @@ class FileCopier:
     def open_source(self, e: Entry) -> int:
         """The source file the walk saw, or an error: a symlink anywhere on the way (a
         folder swapped since the walk) or another file at that name is refused."""
+        return self._open_source(e)[0]
+
+    def _open_source(self, e: Entry) -> tuple[int, os.stat_result]:
+        """open_source, with the fstat that checked it."""
         try:
             fd = beneath.open_at(self.src_fd, e.source, os.O_RDONLY)
         except OSError as exc:
@@ -94,16 +98,16 @@ class FileCopier:
             raise HotcacheError(f"{self.src / e.rel} now leads through a symlink; it was "
                                 "not copied", hint="make sure nobody changes the source "
                                 "during the copy, then run again") from None
-        if e.ino:
-            try:
-                beneath.expect(fd, (e.dev, e.ino), e.rel)
-            except beneath.Swapped:
-                os.close(fd)
-                raise HotcacheError(f"{self.src / e.rel} was replaced by another file since "
-                                    "the source was listed; it was not copied",
-                                    hint="make sure nobody changes the source during the "
-                                         "copy, then run again") from None
-        return fd
+        if not e.ino:
+            return fd, os.fstat(fd)
+        try:
+            return fd, beneath.expect(fd, (e.dev, e.ino), e.rel)
+        except beneath.Swapped:
+            os.close(fd)
+            raise HotcacheError(f"{self.src / e.rel} was replaced by another file since "
+                                "the source was listed; it was not copied",
+                                hint="make sure nobody changes the source during the "
+                                     "copy, then run again") from None
 
     def file_mode(self, source_mode: int) -> int:
         return beneath.strip_privilege(self.mode if self.mode is not None else source_mode)
@@ -131,9 +135,8 @@ class FileCopier:
                             hint="copy when nothing writes to the source, or exclude that file")
 
     def _copy_once(self, e: Entry) -> Done:
-        sfd = self.open_source(e)
+        sfd, st = self._open_source(e)
         try:
-            st = os.fstat(sfd)
             if not stat.S_ISREG(st.st_mode):
                 raise HotcacheError(f"{self.src / e.rel} is no longer a regular file")
             if st.st_size > CHUNK:   # more readahead; a small file is one read anyway

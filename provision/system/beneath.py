@@ -49,12 +49,24 @@ class _OpenHow(ctypes.Structure):
                 ("resolve", ctypes.c_uint64)]
 
 
+_HOW: dict[tuple[int, int], object] = {}   # (flags, mode) -> open_how, made once each
+
+
+def _how(flags: int, mode: int):
+    """The open_how for these flags and mode (a copy opens hundreds of thousands of files
+    with the same two or three)."""
+    how = _HOW.get((flags, mode))
+    if how is None:
+        creates = flags & os.O_CREAT or flags & os.O_TMPFILE == os.O_TMPFILE
+        how = _HOW[(flags, mode)] = ctypes.byref(_OpenHow(
+            flags, mode if creates else 0,   # openat2: a mode without O_CREAT is EINVAL
+            RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS))
+    return how
+
+
 def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int:
-    creates = flags & os.O_CREAT or flags & os.O_TMPFILE == os.O_TMPFILE
-    how = _OpenHow(flags, mode if creates else 0,   # openat2: a mode without O_CREAT is EINVAL
-                   RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
-    fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(rel), ctypes.byref(how),
-                       ctypes.sizeof(how))
+    fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(rel), _how(flags, mode),
+                       ctypes.sizeof(_OpenHow))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), rel)
