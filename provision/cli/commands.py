@@ -201,8 +201,8 @@ def status(
                         f"free {size(r['free_bytes'])}")
             for k, v in (r.get("cache") or {}).items():
                 c.print(f"  {k}: {v}")
-            ws = r.get("working_set")
-            for label, v in (("sizing", ws["sizing"]), ("working set", ws["activity"])) if ws else ():
+            ws = r["working_set"]
+            for label, v in (("sizing", ws["sizing"]), ("working set", ws["activity"])):
                 if v:
                     c.print(f"  {label}: {v['message']}", soft_wrap=True)
             for problem in r["problems"]:

@@ -381,7 +381,7 @@ def check_space_and_copies(caches: dict, rows: dict[str, StatusRow], opts: Optio
         if free is None or not size:   # both come from one statvfs: never one alone
             continue
         # A failed cache's filesystem answers with I/O errors: only recorded copies.
-        copies = hot_copies(caches[name], not row.get("cache_failed"))
+        copies = hot_copies(caches[name], not row["cache_failed"])
         share = 100.0 * free / size
         if share < opts.min_free_percent:
             held = sum(c["bytes"] or 0 for c in copies)
@@ -424,15 +424,14 @@ def check_working_set(rows: dict[str, StatusRow]) -> list[Finding]:
 
     out = []
     for name, row in sorted(rows.items()):
-        ws = row.get("working_set") or {}
-        sizing, activity = ws.get("sizing"), ws.get("activity")
+        sizing, activity = row["working_set"]["sizing"], row["working_set"]["activity"]
         if sizing is not None:
             message = f"{name}: {sizing['message']}"
             if sizing["case"] == FITS:
                 out.append(Finding("sizing", OK, name, message))
             else:
                 out.append(Finding.coded("sizing", WARNING, name, message,
-                                         Code.CACHE_TOO_SMALL if block_cache(row.get("backend"))
+                                         Code.CACHE_TOO_SMALL if block_cache(row["backend"])
                                          else Code.NO_ROOM_TO_REFRESH))
         if activity is not None and activity.get("verdict") == "thrashing":
             out.append(Finding.coded("thrashing", WARNING, name, f"{name}: {activity['message']}",

@@ -178,40 +178,40 @@ class StatusCollector:
     def _cache(self, g: "_Families", row: StatusRow) -> None:
         name = row["name"]
         stats: Mapping[str, object] = row.get("cache") or {}
-        mp = row.get("mountpoint") or ""
-        devices = row.get("devices") or {}
-        up = row.get("state") == "ready" and bool(devices) and all(
-            d.get("present") for d in devices.values())
+        mp = row["mountpoint"] or ""
+        devices = row["devices"]
+        up = row["state"] == "ready" and bool(devices) and all(
+            d["present"] for d in devices.values())
         g.info("cache", "What each cache is: backend, mode, state, mountpoint.",
                ["cache"]).add_metric([name], {
-                   "backend": str(row.get("backend") or ""),
-                   "mode": str(stats.get("mode") or row.get("mode") or ""),
-                   "state": str(row.get("state") or ""),
+                   "backend": row["backend"] or "",
+                   "mode": str(stats.get("mode") or row["mode"] or ""),
+                   "state": row["state"] or "",
                    "mountpoint": mp,
                    "policy": str(stats.get("policy") or "")})
         g.gauge("cache_up", "1 when every device of the cache is present and its build is "
                 "complete, else 0.", ["cache"]).add_metric([name], int(up))
         g.gauge("cache_ok", "1 when `hotcache status` finds no problem with the cache, else 0.",
-                ["cache"]).add_metric([name], int(bool(row.get("ok"))))
+                ["cache"]).add_metric([name], int(row["ok"]))
         g.gauge("cache_problems", "Problems `hotcache status` reports for the cache.",
-                ["cache"]).add_metric([name], len(row.get("problems") or []))
-        failed = row.get("cache_failed")
-        if block_cache(row.get("backend")):
+                ["cache"]).add_metric([name], len(row["problems"]))
+        failed = row["cache_failed"]
+        if block_cache(row["backend"]):
             g.gauge("cache_failed", "1 when the kernel reports the cache's SSD failed (dm-cache "
                     "Fail or read-only metadata, bcache detached its cache set, LVM a missing "
                     "or failed PV) or the SSD does not answer a read, else 0.",
                     ["cache"]).add_metric([name], int(bool(failed)))
-        if failed and failed.get("dirty_bytes") is not None:
+        if failed and failed["dirty_bytes"] is not None:
             g.gauge("cache_failed_dirty_bytes", "Dirty data (written to the failed cache only) "
                     "at risk, in bytes.", ["cache"]).add_metric([name], failed["dirty_bytes"])
         self._restore(g, name, row)
         g.gauge("cache_mounted", "1 when the cache's filesystem is mounted where the mapping "
                 "says, else 0.", ["cache", "mountpoint"]).add_metric([name, mp],
-                                                                   int(bool(row.get("mounted"))))
+                                                                   int(row["mounted"]))
         for role, dev in sorted(devices.items()):
             g.gauge("cache_device_present", "1 when the device (origin or cache) is there, "
                     "else 0.", ["cache", "role"]).add_metric([name, role],
-                                                             int(bool(dev.get("present"))))
+                                                             int(dev["present"]))
         for key, (metric, help_) in STAT_COUNTERS.items():
             value = _number(stats.get(key))
             if value is not None:
@@ -220,16 +220,17 @@ class StatusCollector:
             value = _number(stats.get(key))
             if value is not None:
                 g.gauge(metric, help_, ["cache"]).add_metric([name], value)
-        for key, help_ in (("size_bytes", "Size of the filesystem on the cache in bytes."),
-                           ("free_bytes", "Bytes of the filesystem on the cache available "
-                                          "to new files."),
-                           ("used_bytes", "Bytes of the filesystem on the cache in use.")):
-            value = _number(row.get(key))
+        for key, bytes_, help_ in (
+                ("size_bytes", row["size_bytes"], "Size of the filesystem on the cache in bytes."),
+                ("free_bytes", row["free_bytes"], "Bytes of the filesystem on the cache "
+                                                  "available to new files."),
+                ("used_bytes", row["used_bytes"], "Bytes of the filesystem on the cache in use.")):
+            value = _number(bytes_)
             if value is not None:
                 g.gauge(f"filesystem_{key}", help_, ["cache", "mountpoint"]).add_metric(
                     [name, mp], value)
         self._working_set(g, name, row, row.get("cache"))
-        scan = bool(row.get("mounted")) and not row.get("cache_failed")
+        scan = row["mounted"] and not row["cache_failed"]
         for copy in hot_copies(self.entries.get(name), scan):
             if copy["recorded"]:    # a folder hotcache did not make says nothing here
                 self._copy(g, name, copy)
@@ -239,7 +240,7 @@ class StatusCollector:
         from hotcache.provision.engine import restorelog
         from hotcache.provision.system.runner import Runner
 
-        backend = BACKENDS.get(str(row.get("backend")))
+        backend = BACKENDS.get(row["backend"])
         if backend is None or not backend.restores_at_boot:
             return
         g.gauge("restore_failed", "1 when this boot's `hotcache restore` of the cache (its "
@@ -250,7 +251,7 @@ class StatusCollector:
     def _working_set(self, g: "_Families", name: str, row: StatusRow,
                      stats: CacheStats | None) -> None:
         """What the cache is to hold against its fast tier, and bcache's buckets."""
-        sizing = (row.get("working_set") or {}).get("sizing")
+        sizing = row["working_set"]["sizing"]
         if sizing:
             g.gauge("cache_working_set_bytes", "What the cache is to hold: the data on a "
                     "block cache's filesystem, or the hot copies on a plain SSD.",

@@ -81,7 +81,7 @@ def cache_label(cache: str) -> str:
 
 
 def _up(row: StatusRow) -> bool:
-    return bool(row.get("mounted")) and row.get("state") == "ready"
+    return row["mounted"] and row["state"] == "ready"
 
 
 def verified_copies(rows: list[StatusRow], caches: dict) -> list[dict]:
@@ -92,7 +92,7 @@ def verified_copies(rows: list[StatusRow], caches: dict) -> list[dict]:
     for row in filter(_up, rows):
         for copy in hot_copies(caches.get(row["name"]), True):
             if copy["verified"]:         # recorded by hotcache and still that folder
-                out.append({**copy, "cache": row["name"], "backend": row.get("backend")})
+                out.append({**copy, "cache": row["name"], "backend": row["backend"]})
     return out
 
 
@@ -101,9 +101,9 @@ def labels(rows: list[StatusRow], caches: dict) -> dict[str, str]:
     out: dict[str, str] = {}
     for row in filter(_up, rows):
         key = cache_label(row["name"])
-        out[key] = value(row.get("backend") or PLAIN)
+        out[key] = value(row["backend"] or PLAIN)
         stats = row.get("cache")
-        mode = (stats.get("mode") if stats else None) or row.get("mode")
+        mode = (stats.get("mode") if stats else None) or row["mode"]
         if mode:
             out[f"{key}.mode"] = value(mode)
     for copy in verified_copies(rows, caches):

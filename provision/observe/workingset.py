@@ -79,14 +79,14 @@ def row_advice(row: RowFacts, copies: list[dict]) -> AdviceDoc | None:
     """A status row's working set against its fast tier: a block cache's filesystem data
     against the cache device; a plain SSD's hot copies against its filesystem."""
     stats = row.get("cache")
-    if not block_cache(row.get("backend")):
+    if not block_cache(row["backend"]):
         need = sum(c.get("bytes") or 0 for c in copies)
-        room = row.get("size_bytes")
+        room = row["size_bytes"]
         if not need or not room:
             return None
         return advise(need, room, "the hot copies", f"{row['name']}'s filesystem").to_dict()
     total = stats.get("cache_total_bytes") if stats else None
-    used = row.get("used_bytes")
+    used = row["used_bytes"]
     if not total or used is None:
         return None
     return advise(used, total, f"the data on {row['name']}",

@@ -60,7 +60,8 @@ DOCTOR = {CopyState.VERIFIED: None, CopyState.VERIFIED_REFRESH_INTERRUPTED: None
 
 def doctor_code(dest: Path) -> str | None:
     caches = {"data": entry_record("data", hot_copies={str(dest): {"name": "imagenet"}})}
-    rows = {"data": {"mounted": True, "size_bytes": 100, "free_bytes": 50, "mountpoint": "/x"}}
+    rows = {"data": {"mounted": True, "size_bytes": 100, "free_bytes": 50, "mountpoint": "/x",
+                     "cache_failed": None}}
     opts = doctor.Options(Path("m.yaml"), None, Path("fstab"), Path("units"),
                           max_verify_age_days=1e9)
     (found,) = [f for f in doctor.check_space_and_copies(caches, rows, opts)

@@ -25,12 +25,18 @@ NOW = 1_800_000_000.0
 
 def row(name, *, backend="bcache", stats=None, mounted=True, mp="/mnt/hot", ok=True,
         devices=None, state="ready"):
+    """A `hotcache status` row (engine/statusrow.StatusRow: every key it always has)."""
+    problems = [] if ok else ["not mounted at /mnt/hot"]
     return {"name": name, "backend": backend, "mode": "writethrough", "state": state,
-            "devices": devices or {"origin": {"present": True}, "cache": {"present": True}},
-            "mountpoint": mp, "mounted": mounted, "ok": ok,
-            "problems": [] if ok else ["not mounted at /mnt/hot"],
+            "devices": devices or {"origin": {"node": "/dev/vdb", "present": True},
+                                   "cache": {"node": "/dev/vdc", "present": True}},
+            "cached_device": "/dev/bcache0", "mountpoint": mp, "mounted": mounted,
+            "noatime": mounted, "fs_uuid_matches": mounted, "options": [],
             "size_bytes": 1000 if mounted else None, "free_bytes": 250 if mounted else None,
-            "used_bytes": 750 if mounted else None, **({"cache": stats} if stats else {})}
+            "used_bytes": 750 if mounted else None, "persistent": None, "cache_failed": None,
+            **({"cache": stats} if stats else {}),
+            "working_set": {"sizing": None, "activity": None}, "problems": problems,
+            "findings": [{"code": "NOT_MOUNTED", "message": p} for p in problems], "ok": ok}
 
 
 def make_copy(dest: Path, *, name="imagenet", verify_ok=True, verified_at="2027-01-15T00:00:00+00:00"):
