@@ -8,6 +8,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from hotcache.provision.hotcopy import copier
 from hotcache.provision.hotcopy.copier import CopyOptions, copy
 from hotcache.provision.observe import progress
 from hotcache.provision.observe.warm import warm
@@ -40,7 +41,10 @@ class Recording(progress.TextfileMeter):
             self.seen.append(read(self.file))
 
 
-def test_copy_publishes_bytes_and_files_while_it_runs(tmp_path):
+def test_copy_publishes_bytes_and_files_while_it_runs(tmp_path, monkeypatch):
+    # files are counted a batch at a time: several batches, so that some counts fall
+    # between none and all
+    monkeypatch.setattr(copier, "BATCH_FILES", 4)
     src = make_dataset(tmp_path / "src", n=20, size=50_000)
     files = sum(1 for p in src.rglob("*") if p.is_file())
     total = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
