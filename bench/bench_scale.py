@@ -9,7 +9,9 @@ N files of 2 KiB (--size) in 1,000 class folders (named .jpg so that the image-f
 listing takes them; their bytes are random, so the loader is asked for raw bytes, not
 decoded images). The source is built once; then cp+sync and hotcache copy run in turn
 (cp, hotcache, hotcache, cp: load from other work falls on both alike), each into a fresh
-DST on the same filesystem, the best of each counted. The page cache is not dropped
+DST on the same filesystem, the best of each counted; the copies are removed only after
+the last one is timed (a copy right after a mass deletion is slowed by ext4's inode
+allocator, not by what it does), and the source is synced before the first. The page cache is not dropped
 (it needs root and drops the other sessions' caches too); the source stays warm for
 both. Peak RSS is ru_maxrss of that one child process (os.wait4), so it is the copy's
 own, threads included. Goals: hotcache <= 1.5x cp+sync, peak RSS far below 1 KiB a
@@ -97,6 +99,7 @@ def main() -> None:
         src = work / "src"
         t0 = time.perf_counter()
         make_dataset(src, args.files, args.size)
+        subprocess.run(["sync"], check=True)   # the first copy's sync must not write it
         print(f"{args.files} files of {args.size} B in {FOLDERS} folders, built in "
               f"{time.perf_counter() - t0:.0f} s; load {os.getloadavg()[0]:.1f} "
               f"on {os.cpu_count()} CPUs")
@@ -110,9 +113,14 @@ def main() -> None:
             rss = max(rss, peak)
             print(f"  {name:9} {seconds:7.1f} s" + (f"  peak RSS {peak / 2**20:.0f} MiB"
                                                     if peak else ""))
-            if name == "cp+sync" or n < len(order) - 2:   # the last hotcache copy stays
-                shutil.rmtree(dst)                            # for verify and the loader
+        # Every copy stays until all are timed: on ext4, creating files soon after many
+        # were deleted is several times slower (the inode allocator skips inodes deleted
+        # in the last minute: perf shows recently_deleted() at the top), so a copy timed
+        # right after the previous one was removed would pay for that removal.
         keep = work / f"dst{max(n for n, name in enumerate(order) if name == 'hotcache')}"
+        for n in range(len(order)):
+            if work / f"dst{n}" != keep:
+                shutil.rmtree(work / f"dst{n}")
         verify_s, verify_rss = measured([*HOTCACHE, "verify", "--full", keep])
         batch_s = None if args.no_loader else first_batch(keep)
         cp_best, hc_best = min(times["cp+sync"]), min(times["hotcache"])
