@@ -16,6 +16,7 @@ from hotcache.provision.errors import ExitCode
 from hotcache.provision.observe import doctor, metrics
 from hotcache.provision.system.runner import Runner
 from tests.helpers import hotcache, recorded_entry
+from tests.unit.observe.test_metrics import row
 
 pytestmark = pytest.mark.root
 
@@ -60,8 +61,7 @@ def test_a_failed_restore_is_reported_by_doctor_and_the_metrics(sandbox, run_dir
     assert "`hotcache restore w1`" in findings[0].fix
 
     from prometheus_client import generate_latest
-    rows = [{"name": "w1", "backend": "dm-cache", "state": "ready", "devices": {},
-             "mountpoint": "/mnt/w1", "mounted": False, "ok": False, "problems": ["x"]}]
+    rows = [row("w1", backend="dm-cache", mp="/mnt/w1", mounted=False, ok=False)]
     text = generate_latest(metrics.registry_for(rows, state)).decode()
     assert 'hotcache_restore_failed{cache="w1"} 1.0' in text
     proc = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
@@ -81,7 +81,6 @@ def test_a_cache_restored_by_nothing_has_no_restore_metric(sandbox, run_dir):
 
     state = sandbox / "m.yaml"
     mapping.save(state, {"caches": {"p": recorded_entry("p")}})
-    rows = [{"name": "p", "backend": "none", "state": "ready", "devices": {},
-             "mountpoint": "/mnt/p", "mounted": True, "ok": True, "problems": []}]
+    rows = [row("p", backend="none", mp="/mnt/p")]
     assert "hotcache_restore_failed" not in generate_latest(
         metrics.registry_for(rows, state)).decode()
