@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 import bench_vm_cache as vm  # its guest helpers: sh, drop_caches, hotcache... (beside it)
-import vmboot
+import vmbench
 
 REPO = vm.REPO
 XFS_PART_MIB = 320                    # mkfs.xfs makes nothing under 300 MB
@@ -55,7 +55,7 @@ EPOCHS = 3
 # --- host side ---------------------------------------------------------------------
 
 def host(args) -> int:
-    return vmboot.run_benchmark(
+    return vmbench.run_benchmark(
         "bench_larger_than_ssd.py",
         f"--kib {args.kib} --seed {args.seed} --usable-mib {args.usable_mib}",
         2 * args.usable_mib + XFS_PART_MIB + 8, 3 * HDD_PART_MIB + 8,
@@ -254,7 +254,7 @@ def arguments(ap) -> None:
 
 
 def main() -> int:
-    return vmboot.main(__doc__, arguments, host, guest)
+    return vmbench.main(__doc__, arguments, host, guest)
 
 
 if __name__ == "__main__":

@@ -44,20 +44,20 @@ import sys
 import time
 from pathlib import Path
 
-import vmboot   # beside this file: the QEMU boot the guest-kernel tests use too
+import vmbench   # beside this file: boots as the guest-kernel tests do
 
-REPO, VENV = vmboot.REPO, vmboot.VENV
+REPO, VENV = vmbench.REPO, vmbench.VENV
 SSD_PARTS, HDD_PARTS = (300, 300, 300), (480, 480, 480)   # MiB; the 4th takes the rest
 SSD_MIB, HDD_MIB = 1280, 1984
 BACKENDS = {"bcache": (1, "none"), "dm-cache": (2, "passthrough"),
             "lvmcache": (3, "passthrough")}
-THROTTLE = vmboot.THROTTLE
+THROTTLE = vmbench.THROTTLE
 
 
 # --- host side ---------------------------------------------------------------------
 
 def host(args) -> int:
-    return vmboot.run_benchmark("bench_vm_cache.py", f"--files {args.files} --kib {args.kib} "
+    return vmbench.run_benchmark("bench_vm_cache.py", f"--files {args.files} --kib {args.kib} "
                                 f"--backends {args.backends}",
                                 SSD_MIB, HDD_MIB, prefix="hotcache-bench-vm-", timeout=1500)
 
@@ -323,7 +323,7 @@ def backends(text: str) -> str:
 
 
 def main() -> int:
-    return vmboot.main(__doc__, arguments, host, guest)
+    return vmbench.main(__doc__, arguments, host, guest)
 
 
 if __name__ == "__main__":

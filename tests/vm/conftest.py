@@ -28,5 +28,5 @@ def pytest_collection_finish(session):
 
 def pytest_sessionfinish(session):
     """A session that stops early (-x, Ctrl-C) powers off guests it no longer needs."""
-    from bench import vmboot
+    import vmboot
     vmboot.stop_all()

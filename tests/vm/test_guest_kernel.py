@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import vmboot
+import vmboot
 from cases import (BACKENDS, BOOT1, BOOT1_ONCE, BOOT2, BOOT2_ONCE, BYSTANDER_MIB, HDD_MIB,
                    SAFETY_BOOT1, SAFETY_BOOT2, SAFETY_ORDERS, SSD2_MIB, SSD_MIB)
 

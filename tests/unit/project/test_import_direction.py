@@ -173,3 +173,27 @@ def test_the_backends_folder_holds_the_backends_and_parts_holds_the_rest():
     folder = ROOT / "provision" / "backends"
     top = {p.stem for p in folder.glob("*.py")} - {"__init__", "base"}
     assert top == {m.rsplit(".", 1)[1] for m in backend_modules()}
+
+
+def bench_imports(source: str, filename: str = "<test>") -> list[str]:
+    """The imports of `bench` (or a module inside it) in one test module's source."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        found += [n for n in names if n == "bench" or n.startswith("bench.")]
+    return found
+
+
+def test_tests_never_import_the_benchmarks():
+    """The test tiers stand on their own: what a benchmark shares with them (the guest
+    boot) lives under tests/ or in the package, and bench/ imports it from there."""
+    bad = {str(p.relative_to(ROOT)): found for p in (ROOT / "tests").rglob("*.py")
+           if (found := bench_imports(p.read_text(), str(p)))}
+    assert bad == {}
+
+
+def test_the_checker_sees_a_test_importing_a_benchmark():
+    assert bench_imports("from bench import vmboot\nimport bench.vmbench as v\n"
+                         "def f():\n    import bench\n") == ["bench", "bench.vmbench", "bench"]
+    assert bench_imports("import benchmark\nfrom .bench import x\nimport vmboot\n") == []

@@ -1,0 +1,58 @@
+"""One boot of this host's kernel under QEMU (TCG) through virtme-ng, with raw disk
+images as virtio disks whose serials are their names (`ssd`, `hdd`). The guest-kernel
+tier boots with it, and the VM benchmarks (bench/vmbench.py) boot the same way.
+Standard library only."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = REPO / ".venv"
+
+
+# Guests booting now (boots may run in threads, side by side).
+RUNNING: set[subprocess.Popen] = set()
+
+
+def kernel() -> str | None:
+    """The newest /boot/vmlinuz-*-amd64 (Debian's linux-image-amd64), or None."""
+    found = sorted(glob.glob("/boot/vmlinuz-*-amd64"))
+    return found[-1] if found else None
+
+
+def drives(workdir: Path, hdd: str = "cache=unsafe") -> str:
+    """QEMU options for workdir/ssd.img and workdir/hdd.img (`hdd`: the origin's cache
+    and throttling options)."""
+    opts = {"ssd": "cache=unsafe", "hdd": hdd}
+    return " ".join(f"-drive if=none,id={d},file={workdir / (d + '.img')},format=raw,{o} "
+                    f"-device virtio-blk-pci,drive={d},serial={d}" for d, o in opts.items())
+
+
+def boot(command: str, rwdir: Path, qemu_drives: str, timeout: int) -> subprocess.CompletedProcess:
+    """Boot, run `command` (a shell line) in the guest with `rwdir` writable, power off.
+    stdout is the console (QEMU reopens stdout with truncation: a pipe, never a file)."""
+    argv = ["timeout", "--kill-after=30", str(timeout), str(VENV / "bin" / "vng"),
+            "--disable-kvm", "--run", str(kernel()), "--cpus", "2", "--memory", "1G",
+            "--rwdir", str(rwdir), f"--qemu-opts={qemu_drives}",  # one word: starts with -
+            "--exec", command]
+    env = {**os.environ, "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '')}"}
+    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, errors="replace",
+                          env=env) as proc:
+        RUNNING.add(proc)
+        try:
+            console, _ = proc.communicate()
+        finally:
+            RUNNING.discard(proc)
+    return subprocess.CompletedProcess(argv, proc.returncode, console)
+
+
+def stop_all() -> None:
+    """Power off every guest still booting (`timeout` passes SIGTERM on to QEMU): a test
+    session that ends early does not leave them running."""
+    for proc in list(RUNNING):
+        proc.terminate()
