@@ -23,7 +23,9 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny,
                       ValidationError, model_serializer, model_validator)
 from pydantic_core import ErrorDetails, InitErrorDetails
 
-__all__ = ["CacheEntry", "DeviceRecord", "Filesystem", "HotCopy", "ValidationError",
+from hotcache.provision.system.strenum import StrEnum
+
+__all__ = ["CacheEntry", "EntryState", "DeviceRecord", "Filesystem", "HotCopy", "ValidationError",
            "BackendState", "BcacheState", "DmCacheState", "LvmCacheState", "STATES"]
 
 
@@ -146,10 +148,19 @@ def _in_backend_state(error: ErrorDetails) -> InitErrorDetails:
     return located
 
 
+class EntryState(StrEnum):
+    """How far a cache's build got, as the mapping records it."""
+    BUILDING = "building"       # its first apply (or a reattach) has not finished
+    READY = "ready"             # built: restore replays it, apply never makes it again
+    KEPT = "kept"               # a taken-down cache's kept image (never saved as an entry)
+
+
 class CacheEntry(Record):
     """`caches.<name>` of the mapping (engine/apply._write_entry writes it, in this order)."""
     backend: str
-    state: str                            # building, ready
+    # Read from YAML as its string (strict mode would take only a member); a state this
+    # hotcache does not know is refused rather than read as "not built".
+    state: EntryState = Field(strict=False)
     created: str | None = None
     updated: str | None = None
     mode: str | None = None

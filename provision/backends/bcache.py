@@ -16,7 +16,7 @@ from hotcache.provision.backends.parts import bcache_sysfs as sb
 from hotcache.provision.errors import (FlushIncomplete, HotcacheError, KernelUnsupported,
                                        RefusedError)
 from hotcache.provision.plan import Ref
-from hotcache.provision.records import BcacheState, CacheEntry
+from hotcache.provision.records import BcacheState, CacheEntry, EntryState
 from hotcache.provision.system.waits import flush_timeout, wait_until
 from hotcache.provision.backends.parts import state
 from hotcache.provision.backends.base import Backend, Failure
@@ -72,7 +72,7 @@ class Bcache(Backend):
         return ("bcache", recorded) if recorded else None
 
     def keeps_filesystem(self, entry, devs):
-        return entry is not None and entry.state == "ready" and self.owns(entry, devs["origin"])
+        return entry is not None and entry.state == EntryState.READY and self.owns(entry, devs["origin"])
 
     def build(self, p, spec, entry, devs):
         st = state.of(entry, BcacheState)

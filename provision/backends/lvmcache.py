@@ -17,7 +17,7 @@ from hotcache.provision.backends.parts.dmtable import cache_stats, parse_status,
 from hotcache.provision.block import probe
 from hotcache.provision.block.host import Host
 from hotcache.provision.errors import HotcacheError, ProbeFailed, RefusedError
-from hotcache.provision.records import CacheEntry, LvmCacheState
+from hotcache.provision.records import CacheEntry, EntryState, LvmCacheState
 from hotcache.provision.backends.parts import state
 from hotcache.provision.backends.base import Backend, Failure
 from hotcache.provision.backends.parts.stats import CacheStats
@@ -215,7 +215,7 @@ class LvmCache(Backend):
 
     def keeps_filesystem(self, entry, devs):
         vg, lv, _ = names(self.host, entry, "", devs["origin"].node)
-        return entry is not None and entry.state == "ready" \
+        return entry is not None and entry.state == EntryState.READY \
             and lv_info(self.host, vg, lv) is not None
 
     def build(self, p, spec, entry, devs):
@@ -275,7 +275,7 @@ class LvmCache(Backend):
         # The first build records what it made, by UUID; so does a new SSD attached to an
         # LV whose failed cache was taken off (its PV joins the recorded ones).
         known = dict(st.pv_uuids or {})
-        if not st.vg or (entry is not None and entry.state != "ready" and "cache" not in known):
+        if not st.vg or (entry is not None and entry.state != EntryState.READY and "cache" not in known):
             made_pvs = {"cache": cache.node} if adopted else {"origin": origin.node,
                                                               "cache": cache.node}
             pvs = {r: n for r, n in made_pvs.items() if r not in known}

@@ -27,7 +27,7 @@ from hotcache.provision.errors import KernelUnsupported, ProbeFailed, RefusedErr
 from hotcache.provision.engine import images, owners, reattach, recheck
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
 from hotcache.provision.records import (STATES, BackendState, CacheEntry, DeviceRecord,
-                                        Filesystem, Persist)
+                                        EntryState, Filesystem, Persist)
 from hotcache.provision.system.clock import now
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.users import parse_owner
@@ -283,7 +283,7 @@ def _require_stable_identity(p: Planner, spec: CacheSpec, dev: Device) -> None:
 def first_build(p: Planner, entry: CacheEntry | None) -> bool:
     """`wipe: true` is consent for the first build only: never replayed by restore, nor
     by an apply of a cache the mapping records as built."""
-    return not p.restoring and (entry is None or entry.state == "building")
+    return not p.restoring and (entry is None or entry.state == EntryState.BUILDING)
 
 
 def preflight(p: Planner, backend, spec: CacheSpec, entry: CacheEntry | None, dev: Device,
@@ -371,7 +371,7 @@ def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
         p = Planner(env, cache.name, plan, restoring=restoring)
         p.known_images = images.made_by_hotcache(state, cache.name)
         entry = state["caches"].get(cache.name)
-        if restoring and (entry is None or entry.state != "ready"):
+        if restoring and (entry is None or entry.state != EntryState.READY):
             refusals.append(f"{cache.name}: its first apply did not finish (state "
                             f"{entry and entry.state!r}); restore only brings back a "
                             "built cache. Run `hotcache apply SPEC` with its spec to finish it")
@@ -459,7 +459,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
                             "that apply draws (at random) when it runs")
     elif fs_uuid is None:
         fs_uuid = str(uuid.uuid4())
-    building = entry is None or entry.state != "ready"
+    building = entry is None or entry.state != EntryState.READY
     unmounted = _release_origin(p, spec, devs["origin"]) if reattaching else False
     if p.refusals:
         return
@@ -469,7 +469,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
                             f"warm-up starts over (`hotcache warm {spec.filesystem.mountpoint}`)")
     if building:
         p.do(f"record {spec.name} in the mapping as building (filesystem UUID {fs_uuid})",
-             lambda ctx: _write_entry(p.env, spec, devs, ctx, fs_uuid, None, "building",
+             lambda ctx: _write_entry(p.env, spec, devs, ctx, fs_uuid, None, EntryState.BUILDING,
                                  seed=seed))
 
     target = backend.build(p, spec, entry, devs)
@@ -478,7 +478,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
     target_dev = _target_device(host, spec, devs, target)
     # A filesystem the mapping records as made (or that a failed cache's origin kept) is
     # never made again.
-    made = (entry is not None and entry.state == "ready") or p.restoring or reattaching
+    made = (entry is not None and entry.state == EntryState.READY) or p.restoring or reattaching
     if not _plan_filesystem(p, spec, backend, entry, devs, target, target_dev, fs_uuid, made):
         return
     mounting = _plan_mount(p, spec, entry, target, target_dev, unmounted=unmounted)
@@ -486,7 +486,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
     _plan_owner(p, spec, mounting)
     if p.changed or building or _entry_drifted(entry, spec) or _identity_missing(entry):
         p.do(f"record {spec.name} in the mapping as ready",
-             lambda ctx: _write_entry(p.env, spec, devs, ctx, fs_uuid, target, "ready",
+             lambda ctx: _write_entry(p.env, spec, devs, ctx, fs_uuid, target, EntryState.READY,
                                  seed=seed, reattached=reattaching))
 
 
@@ -660,7 +660,7 @@ def recorded_spec(spec: CacheSpec) -> dict:
 
 
 def _write_entry(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
-            fs_uuid: str, target, state: str, *, seed: CacheEntry | None = None,
+            fs_uuid: str, target, state: EntryState, *, seed: CacheEntry | None = None,
             reattached: bool = False) -> None:
     """Write the cache's entry. `seed`: the record of a cache whose failed SSD was taken
     off (its backend facts and hot copies carry over); `reattached`: that record is
@@ -687,7 +687,7 @@ def _write_entry(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunCon
         for image in loop_files:
             images.forget(data, image)          # in a cache again: no longer just kept
         old = data["caches"].get(spec.name) or seed
-        if reattached and state == "ready":
+        if reattached and state == EntryState.READY:
             reattach.forget(data, spec.name)
         data["caches"][spec.name] = CacheEntry(
             backend=spec.backend,

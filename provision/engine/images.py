@@ -18,7 +18,7 @@ import os
 from hotcache.provision.backends import PLAIN
 from hotcache.provision.system.clock import now
 from hotcache.provision.errors import RefusedError
-from hotcache.provision.records import CacheEntry, DeviceRecord, Filesystem
+from hotcache.provision.records import CacheEntry, DeviceRecord, EntryState, Filesystem
 
 KEY = "kept_images"
 
@@ -85,7 +85,7 @@ def adoptable_entry(data: dict, spec) -> CacheEntry | None:
     origin = DeviceRecord.model_construct(node=None, size=None, by_id=None, identity=None,
                                           path=None, loop_file=image)
     return CacheEntry.model_construct(
-        backend=PLAIN, state="kept", devices={"origin": origin}, backend_state=None,
+        backend=PLAIN, state=EntryState.KEPT, devices={"origin": origin}, backend_state=None,
         filesystem=Filesystem.model_construct(uuid=kept["fs_uuid"], mountpoint=None), spec={})
 
 

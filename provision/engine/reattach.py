@@ -11,7 +11,7 @@ hotcache's), and it is forgotten once the cache is recorded ready.
 
 from __future__ import annotations
 
-from hotcache.provision.records import CacheEntry, ValidationError
+from hotcache.provision.records import CacheEntry, EntryState, ValidationError
 
 KEY = "detached"
 
@@ -19,7 +19,7 @@ KEY = "detached"
 def record(data: dict, name: str, entry: CacheEntry, backend_state: dict) -> None:
     """Note in the mapping `data` that `name` lost its SSD and kept its origin."""
     body = entry.dump()
-    body.update(state="building", devices={"origin": entry.devices["origin"].dump()},
+    body.update(state=EntryState.BUILDING.value, devices={"origin": entry.devices["origin"].dump()},
                 backend_state=backend_state)
     body.pop("cached_device", None)     # the cached device is gone with the cache
     data.setdefault(KEY, {})[name] = body

@@ -16,7 +16,7 @@ from hotcache.provision.block.host import Host
 from hotcache.provision.engine.statusrow import (CacheFailure, DeviceSeen, FindingDoc,
                                                  MountFacts, RowFacts, StatusRow, WorkingSet)
 from hotcache.provision.errors import HotcacheError
-from hotcache.provision.records import CacheEntry
+from hotcache.provision.records import CacheEntry, EntryState
 from hotcache.provision.system.runner import Runner
 
 
@@ -146,7 +146,7 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
     failed = cache_failure(entry, host, {r: d["node"] for r, d in devices.items()})
     if failed:
         found.cache_failed(failed["message"])
-    if entry.state != "ready":
+    if entry.state != EntryState.READY:
         found.add(Code.APPLY_UNFINISHED, f"state is {entry.state!r}: an apply did "
                   "not finish; run `hotcache apply` again")
     cached = entry.cached_device

@@ -15,6 +15,7 @@ from typing import TypedDict
 
 from hotcache.provision.backends.parts.stats import CacheStats
 from hotcache.provision.hotcopy.sizing import AdviceDoc
+from hotcache.provision.records import EntryState
 
 
 class DeviceSeen(TypedDict):
@@ -59,7 +60,7 @@ class _Seen(MountFacts):
     name: str
     backend: str
     mode: str | None
-    state: str                      # the mapping's: building, ready (as recorded)
+    state: EntryState               # as the mapping records it
     devices: dict[str, DeviceSeen]  # by role: origin, cache
     cached_device: str | None       # the node the filesystem is on
     mountpoint: str

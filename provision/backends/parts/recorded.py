@@ -16,7 +16,7 @@ from hotcache.provision.backends import BACKENDS, get
 from hotcache.provision.block import identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.block.identity import Seen
-from hotcache.provision.records import CacheEntry, DeviceRecord
+from hotcache.provision.records import CacheEntry, DeviceRecord, EntryState
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Found:
 def expected_signature(entry: CacheEntry, role: str, host: Host) -> tuple | None:
     """The signature hotcache wrote on the device, as (TYPE, UUID): () when it wrote none
     that blkid sees, None when it cannot say (an apply that did not finish)."""
-    if entry.state != "ready" or entry.backend not in BACKENDS:
+    if entry.state != EntryState.READY or entry.backend not in BACKENDS:
         return None
     return get(entry.backend, host).signature(entry, role)
 

@@ -12,8 +12,8 @@ import yaml
 
 from hotcache.provision import __version__, mapping
 from hotcache.provision.errors import ExitCode, UsageError
-from hotcache.provision.records import (BcacheState, CacheEntry, DmCacheState, LvmCacheState,
-                                        ValidationError)
+from hotcache.provision.records import (BcacheState, CacheEntry, DmCacheState, EntryState,
+                                        LvmCacheState, ValidationError)
 
 FS = {"type": "xfs", "uuid": "3f1c0d2e-0000-4000-8000-000000000001", "label": "hc-c1",
       "mountpoint": "/srv/hot", "options": ["noatime", "nosuid", "nodev", "nofail"],
@@ -163,6 +163,9 @@ def test_a_required_field_deleted_by_hand_is_refused_naming_it(tmp_path, field):
     (("backend_state", "cset_uuid"), 42, "backend_state.cset_uuid: input should be a valid string"),
     (("devices", "cache", "identity"), "SSD1", "devices.cache.identity: input should be"),
     (("filesystem",), None, "filesystem: input should be"),
+    # a state this hotcache does not know is refused, never read as "not built yet"
+    (("state",), "rebuilding", "state: input should be 'building', 'ready' or 'kept'"),
+    (("state",), 1, "state: input should be 'building', 'ready' or 'kept'"),
 ])
 def test_a_field_of_the_wrong_type_is_refused_not_converted(tmp_path, path_, value, said):
     broken = yaml.safe_load(yaml.safe_dump(SHAPES["bcache"]))
@@ -190,6 +193,7 @@ def test_records_are_attributes_not_keys(tmp_path):
     """A typo in a field name is an AttributeError, never a silent None."""
     record = CacheEntry.model_validate(SHAPES["bcache"])
     assert record.filesystem.uuid == FS["uuid"]
+    assert record.state is EntryState.READY and record.dump()["state"] == "ready"
     with pytest.raises(AttributeError):
         record.filesystem.uiud      # noqa: B018
 
