@@ -11,7 +11,7 @@ observe/workingset for the working set).
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 from hotcache.provision.backends.parts.stats import CacheStats
 from hotcache.provision.hotcopy.sizing import AdviceDoc
@@ -39,10 +39,31 @@ class FindingDoc(TypedDict):
     message: str
 
 
+Verdict = Literal["settled", "filling", "full", "thrashing"]
+
+
+class BucketActivity(TypedDict):
+    """bcache's churn: its buckets (no eviction counter) and whether it keeps missing."""
+    buckets: dict[str, int]         # priority_stats' shares, in percent
+    hit_ratio: float | None
+    verdict: Verdict                # filling, full or thrashing
+    message: str
+
+
+class PromotionActivity(TypedDict):
+    """dm-cache's and lvmcache's churn: promotions against demotions."""
+    promotions: int
+    demotions: int
+    interval_s: float | None        # None: since the cache started
+    demotions_per_promotion: float | None
+    verdict: Verdict                # settled, filling or thrashing
+    message: str
+
+
 class WorkingSet(TypedDict):
     """The cache against what it is to hold (observe/workingset)."""
     sizing: AdviceDoc | None        # None: the sizes cannot be read
-    activity: dict | None           # a block cache's churn; None: none to judge
+    activity: BucketActivity | PromotionActivity | None   # None: none to judge
 
 
 class MountFacts(TypedDict):

@@ -433,7 +433,7 @@ def check_working_set(rows: dict[str, StatusRow]) -> list[Finding]:
                 out.append(Finding.coded("sizing", WARNING, name, message,
                                          Code.CACHE_TOO_SMALL if block_cache(row["backend"])
                                          else Code.NO_ROOM_TO_REFRESH))
-        if activity is not None and activity.get("verdict") == "thrashing":
+        if activity is not None and activity["verdict"] == "thrashing":
             out.append(Finding.coded("thrashing", WARNING, name, f"{name}: {activity['message']}",
                                      Code.THRASHING))
     return out

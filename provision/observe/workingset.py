@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hotcache.provision.backends import block_cache
-from hotcache.provision.hotcopy.sizing import SPILLS, advise
+from hotcache.provision.hotcopy.sizing import advise
 
 if TYPE_CHECKING:
     from hotcache.provision.backends.parts.stats import CacheStats
-    from hotcache.provision.engine.statusrow import RowFacts
+    from hotcache.provision.engine.statusrow import (BucketActivity, PromotionActivity,
+                                                     RowFacts, Verdict)
     from hotcache.provision.hotcopy.sizing import AdviceDoc
 
 THRASH_RATIO = 0.8        # demotions >= 80% of promotions over an interval: thrashing
@@ -93,22 +94,26 @@ def row_advice(row: RowFacts, copies: list[dict]) -> AdviceDoc | None:
                   f"its {row['backend']} cache").to_dict()
 
 
-def churn(before: CacheStats | None, after: CacheStats, seconds: float | None) -> dict | None:
+def churn(before: CacheStats | None, after: CacheStats,
+          seconds: float | None) -> BucketActivity | PromotionActivity | None:
     """dm-cache/lvmcache over an interval (or since the cache started, without `before`):
     promotions, demotions and the verdict; bcache: its buckets from priority_stats."""
     prio = after.get("priority")
     if prio is not None:       # bcache: no eviction counter, but a full set that misses
         full = prio.get("unused", 100) <= FULL_UNUSED_PERCENT
         missing = (after.get("hit_ratio") or 0) < 0.5
-        verdict = "thrashing" if full and missing else "full" if full else "filling"
-        return {"buckets": prio, "hit_ratio": after.get("hit_ratio"), "verdict": verdict,
-                "message": _bcache_message(verdict, prio, after.get("hit_ratio"))}
+        seen: Verdict = "thrashing" if full and missing else "full" if full else "filling"
+        bucket: BucketActivity = {"buckets": prio, "hit_ratio": after.get("hit_ratio"),
+                                  "verdict": seen,
+                                  "message": _bcache_message(seen, prio, after.get("hit_ratio"))}
+        return bucket
     p, d = after.get("promotions"), after.get("demotions")
     if p is None or d is None:
         return None
     if before is not None:
         p, d = p - (before.get("promotions") or 0), d - (before.get("demotions") or 0)
     span = f"in {seconds:g} s" if before is not None and seconds else "since the cache started"
+    verdict: Verdict
     if p <= 0:
         verdict, why = "settled", f"no promotions {span}"
     elif d >= THRASH_RATIO * p:
@@ -117,9 +122,11 @@ def churn(before: CacheStats | None, after: CacheStats, seconds: float | None) -
                                      "`hotcache copy SRC DEST --fit` instead")
     else:
         verdict, why = "filling", f"{p} promotions, {d} demotions {span}"
-    return {"promotions": p, "demotions": d, "interval_s": seconds if before else None,
-            "demotions_per_promotion": round(d / p, 3) if p > 0 else None,
-            "verdict": verdict, "message": why}
+    moved: PromotionActivity = {
+        "promotions": p, "demotions": d, "interval_s": seconds if before else None,
+        "demotions_per_promotion": round(d / p, 3) if p > 0 else None,
+        "verdict": verdict, "message": why}
+    return moved
 
 
 def _bcache_message(verdict: str, prio: dict, hit_ratio) -> str:
@@ -129,7 +136,3 @@ def _bcache_message(verdict: str, prio: dict, hit_ratio) -> str:
                 "is larger than the cache; pin a subset with `hotcache copy SRC DEST --fit`")
     return f"buckets: {shares}"
 
-
-def thrashing(advice: dict | None, activity: dict | None) -> bool:
-    return bool((advice and advice.get("case") == SPILLS)
-                or (activity and activity.get("verdict") == "thrashing"))
