@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import glob
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 VENV = REPO / ".venv"
+# QEMU 7.2's C virtiofsd, which bin/virtiofsd adapts to virtme-ng's options.
+QEMU_VIRTIOFSD = Path("/usr/lib/qemu/virtiofsd")
 
 
 # Guests booting now (boots may run in threads, side by side).
@@ -32,6 +36,22 @@ def drives(workdir: Path, hdd: str = "cache=unsafe") -> str:
                     f"-device virtio-blk-pci,drive={d},serial={d}" for d, o in opts.items())
 
 
+def virtiofsd_shim() -> list[str]:
+    """[tests/vm/bin] when virtme-ng would otherwise fall back to 9p: no virtiofsd of
+    its own kind is installed, and QEMU's C daemon is. The root shared through
+    virtiofs with cache=always answers a stat from the guest's cache; through 9p each
+    is a round trip, which made a guest's Python imports and tool starts several times
+    slower under TCG."""
+    if shutil.which("virtiofsd") or Path("/usr/libexec/virtiofsd").exists():
+        return []
+    try:
+        usage = subprocess.run([str(QEMU_VIRTIOFSD), "--help"], capture_output=True,
+                               text=True, check=False).stdout
+    except OSError:
+        return []
+    return [str(HERE / "bin")] if "-o source=" in usage else []
+
+
 def boot(command: str, rwdir: Path, qemu_drives: str, timeout: int) -> subprocess.CompletedProcess:
     """Boot, run `command` (a shell line) in the guest with `rwdir` writable, power off.
     stdout is the console (QEMU reopens stdout with truncation: a pipe, never a file)."""
@@ -39,7 +59,8 @@ def boot(command: str, rwdir: Path, qemu_drives: str, timeout: int) -> subproces
             "--disable-kvm", "--run", str(kernel()), "--cpus", "2", "--memory", "1G",
             "--rwdir", str(rwdir), f"--qemu-opts={qemu_drives}",  # one word: starts with -
             "--exec", command]
-    env = {**os.environ, "PATH": f"{VENV / 'bin'}:{os.environ.get('PATH', '')}"}
+    path = [*virtiofsd_shim(), str(VENV / "bin"), os.environ.get("PATH", "")]
+    env = {**os.environ, "PATH": ":".join(path)}
     with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, errors="replace",
                           env=env) as proc:
