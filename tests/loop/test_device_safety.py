@@ -1,4 +1,4 @@
-"""Issue 11, cases 1 and 7 on real loop devices: an existing image hotcache did not make,
+"""Devices hotcache must not take, on real loop devices: an existing image hotcache did not make,
 and one device named twice (a path and its `..` twin, a loop device and its image, a
 device the mapping records for another cache). Each test tries to get past the refusal
 (`wipe: true` everywhere) and checks the victim's sha256, the exit code, and that the

@@ -1,4 +1,4 @@
-"""Issue 11, case 8 on a temp fstab (HOTCACHE_FSTAB): control characters are refused in
+"""The fstab, on a temp fstab (HOTCACHE_FSTAB): control characters are refused in
 the spec, and an fstab entry is removed only when marker, UUID and mountpoint all match:
 an orphaned `# hotcache:NAME` marker never takes the next line with it, even `/`'s."""
 

@@ -1,4 +1,4 @@
-"""Devices are found again by identity, never by kernel name (issue 11, case 2), on real
+"""Devices are found again by identity, never by kernel name (docs/safety.md), on real
 loop devices: a cache is built on a spec that names `/dev/loopN`; then, as after a boot in
 which the disks enumerate in another order, a bystander image holding ext4 and data takes
 that name. restore, apply and `teardown --wipe` must use the cache's own image wherever

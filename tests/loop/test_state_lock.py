@@ -1,4 +1,4 @@
-"""Case 9 of issue 11: one lock from plan through execution, and a broken mapping is an
+"""One lock from plan through execution, and a broken mapping is an
 error, never "no caches". Real CLI runs as root on loop images, under a test sandbox."""
 
 from __future__ import annotations

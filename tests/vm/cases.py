@@ -21,7 +21,7 @@ POWERCUT_PARTITIONS = (5, 6)
 SSD_MIB, HDD_MIB = 320, 2688
 # the last partition of each disk takes the rest
 SSD_PARTS_MIB, HDD_PARTS_MIB = (80, 80, 80), (480, 480, 480, 543, 330)
-# Storage safety (issue 11): its own pair of boots on fresh images, four disks given in
+# Storage safety (docs/safety.md): its own pair of boots on fresh images, four disks given in
 # another order the second time (ssd, hdd, ssd2, by -> by, hdd, ssd, ssd2), so kernel names
 # move: the SSD's old names (vda1, vda2) now name the bystander's ext4 partitions, ssd2's
 # old names (vdc1, vdc2) name the SSD's partitions (bcache's SSD, the first dm-cache's SSD).

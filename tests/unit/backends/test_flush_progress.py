@@ -1,4 +1,4 @@
-"""Issue 11, cases 5 and 10: a flush makes progress or says why, and a cache that stops
+"""A flush makes progress or says why, and a cache that stops
 being live mid-flush fails the teardown (clock and sysfs injected; no kernel needed)."""
 
 from __future__ import annotations

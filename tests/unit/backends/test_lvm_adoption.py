@@ -1,4 +1,4 @@
-"""Issue 11, case 6: adopting an existing LV as an lvmcache origin goes through the same
+"""Adopting an existing LV as an lvmcache origin goes through the same
 refusals as any device (mounted, holders, root), and teardown --wipe never wipes it."""
 
 from __future__ import annotations

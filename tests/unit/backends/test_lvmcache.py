@@ -138,7 +138,7 @@ def test_lvm_sees_all_devices_only_without_a_devices_file(tmp_path, devices_file
     assert argv == ["lvs", *extra, "vg/data"]
 
 
-# --- identities: PV, VG and LV UUIDs (issue 11) ----------------------------------------
+# --- identities: PV, VG and LV UUIDs ------------------------------------------------
 
 UUIDS = {"vg_uuid": "VGUUID-a", "lv_uuid": "LVUUID-a"}
 BUILT = {"hc_c1/data": {"lv_name": "data", "lv_attr": "Cwi-aoC---", "segtype": "cache",

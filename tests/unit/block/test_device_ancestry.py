@@ -1,9 +1,9 @@
 """Whole disks and their partitions, and the disk under `/`, on a fake sysfs (host loop
-devices show no partitions, and this host's / is plain ext4): issue 11, case 7."""
+devices show no partitions, and this host's / is plain ext4): one device named twice, as
+a disk and as its partition, is one owner."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 11, cases 2, 3 and 5, planned against a fake host: after the disks change order,
+"""Devices found by identity, planned against a fake host (docs/safety.md): after the disks change order,
 every command finds each device by its recorded identity (or refuses, naming both
 devices); `wipe: true` is never replayed; a recorded dm-cache is never zeroed and a
 recorded filesystem never formatted; a cache that is not live is never torn down."""
@@ -65,7 +65,7 @@ def argvs(plan):
     return [[str(a) for a in step.argv] for step in plan.steps if step.argv]
 
 
-# --- case 2: the disks changed order -------------------------------------------------
+# --- the disks changed order ----------------------------------------------------------
 
 def test_restore_after_the_ssd_names_swap_uses_each_cache_its_own_ssd(host, env):
     """Two dm-cache caches whose SSDs swapped names: each loads its tables on its own SSD
@@ -165,7 +165,7 @@ def test_an_entry_without_identities_is_found_by_its_by_id_link_and_gets_them(ho
     assert plan.steps[-1].summary == "record c1 in the mapping as ready"
 
 
-# --- case 3: a recorded dm-cache is never zeroed, its filesystem never re-made --------
+# --- a recorded dm-cache is never zeroed, its filesystem never re-made --------
 
 def test_dm_cache_restore_never_zeroes_metadata_or_formats(host, env):
     host.disk("vda", "ssd1", 64)
@@ -206,7 +206,7 @@ def test_dm_cache_owns_no_signature_less_device_it_cannot_prove(host):
     assert DmCache(host).owns(recorded, cache) is True
 
 
-# --- case 5: a cache that is not live is never torn down -------------------------------
+# --- a cache that is not live is never torn down -------------------------------
 
 def test_teardown_of_a_dm_cache_without_tables_is_refused_with_the_fix(host, env):
     host.disk("vda", "ssd1", 64)

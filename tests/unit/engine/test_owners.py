@@ -1,4 +1,4 @@
-"""One device, one owner, across the spec and the mapping (issue 11, cases 4 and 7): a
+"""One device, one owner, across the spec and the mapping (docs/safety.md): a
 device the mapping records for another cache is refused even without any signature on
 it, such as a dm-cache SSD whose tables are not loaded (after a boot, before restore)."""
 
@@ -67,7 +67,7 @@ def test_a_recorded_loop_node_that_now_serves_another_image_is_no_claim(tmp_path
 
 
 def test_a_recorded_cache_whose_kernel_names_moved_claims_its_devices_by_identity(tmp_path):
-    """The guest-kernel case (issue 11 a): disks came up in another order, so the kernel
+    """As in the guest-kernel tier's reboot: disks came up in another order, so the kernel
     names the recorded spec of `c2` gives (its restore re-applies that spec) now name the
     SSD partitions of caches `a` and `b`. c2's devices are where its by-id links lead;
     restoring c2 claims those, not the devices that took its old names. With its links

@@ -1,4 +1,4 @@
-"""Storage safety, boot 1 of 2 (issue 11): a bcache and two dm-cache caches, all writeback,
+"""Storage safety, boot 1 of 2 (docs/safety.md): a bcache and two dm-cache caches, all writeback,
 built from a spec that names the disks by kernel name (/dev/vda1...), each holding files;
 the dm-caches keep dirty blocks (migration_threshold below one block). A fourth disk, the
 bystander, holds ext4 with data. Boot 2 (guest_safety_reboot.py) comes up with the disks

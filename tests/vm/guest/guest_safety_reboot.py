@@ -1,4 +1,4 @@
-"""Storage safety, boot 2 of 2 (issue 11, guest tier (a) and (b)): the disks came up in
+"""Storage safety, boot 2 of 2 (docs/safety.md): the disks came up in
 another order (by, hdd, ssd, ssd2 -> vda, vdb, vdc, vdd), so /dev/vda1 and /dev/vda2, the
 SSD partitions the spec named, are now the bystander's ext4 partitions, and /dev/vdc1 and
 /dev/vdc2, the second dm-cache's origin and SSD, are bcache's SSD and the first dm-cache's
