@@ -96,16 +96,18 @@ class Entries(Sequence):
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError(i)
-        end, size, mtime_ns, mode, dev, ino = self._numbers(i)
-        target = self._targets.get(i, "")
-        return Entry(self._rel(i, end), size, mtime_ns, mode, i in self._targets, dev, ino,
-                     target)
+        numbers = self._numbers(i)
+        return self._entry(i, self._rel(i, numbers[0]), numbers)
 
     def __iter__(self) -> Iterator[Entry]:
+        for i, (rel, numbers) in enumerate(self._stream()):
+            yield self._entry(i, rel, numbers)
+
+    def _entry(self, i: int, rel: str, numbers: tuple[int, ...]) -> Entry:
+        """Entry i from its path and its record's numbers."""
+        _end, size, mtime_ns, mode, dev, ino = numbers
         targets = self._targets
-        for i, (rel, (_end, size, mtime_ns, mode, dev, ino)) in enumerate(self._stream()):
-            target = targets.get(i, "")
-            yield Entry(rel, size, mtime_ns, mode, i in targets, dev, ino, target)
+        return Entry(rel, size, mtime_ns, mode, i in targets, dev, ino, targets.get(i, ""))
 
     def rels(self) -> Iterator[str]:
         """Every path, in order (what a pass over the paths alone needs)."""
