@@ -40,8 +40,8 @@ def virtiofsd_shim() -> list[str]:
     """[tests/vm/bin] when virtme-ng would otherwise fall back to 9p: no virtiofsd of
     its own kind is installed, and QEMU's C daemon is. The root shared through
     virtiofs with cache=always answers a stat from the guest's cache; through 9p each
-    is a round trip, which made a guest's Python imports and tool starts several times
-    slower under TCG."""
+    is a round trip, which made a guest's boot and Python imports about twice as slow
+    under TCG."""
     if shutil.which("virtiofsd") or Path("/usr/libexec/virtiofsd").exists():
         return []
     try:
