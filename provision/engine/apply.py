@@ -373,7 +373,7 @@ def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
         entry = state["caches"].get(cache.name)
         if restoring and (entry is None or entry.state != EntryState.READY):
             refusals.append(f"{cache.name}: its first apply did not finish (state "
-                            f"{entry and entry.state!r}); restore only brings back a "
+                            f"{repr(entry.state.value) if entry else None}); restore only brings back a "
                             "built cache. Run `hotcache apply SPEC` with its spec to finish it")
             continue
         if entry is not None and entry.backend != cache.backend:

@@ -147,7 +147,7 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
     if failed:
         found.cache_failed(failed["message"])
     if entry.state != EntryState.READY:
-        found.add(Code.APPLY_UNFINISHED, f"state is {entry.state!r}: an apply did "
+        found.add(Code.APPLY_UNFINISHED, f"state is {entry.state.value!r}: an apply did "
                   "not finish; run `hotcache apply` again")
     cached = entry.cached_device
     if not backend.block_cache:       # the filesystem is on the origin itself

@@ -146,7 +146,8 @@ def test_restore_of_an_unfinished_build_is_refused(host, env):
     save(env, c1=entry(state="building"))
     with pytest.raises(RefusedError) as err:
         plan_restore(env)
-    assert "did not finish" in str(err.value) and "hotcache apply" in str(err.value)
+    assert "did not finish (state 'building')" in str(err.value)
+    assert "hotcache apply" in str(err.value)
 
 
 def test_an_entry_without_identities_is_found_by_its_by_id_link_and_gets_them(host, env):

@@ -33,6 +33,7 @@ def test_status_gives_each_problem_a_code(tmp_path):
     assert codes == [Drift.DEVICE_MISSING, Drift.APPLY_UNFINISHED, Drift.NOT_MOUNTED,
                      Drift.NOT_IN_FSTAB]
     assert [f["message"] for f in row["findings"]] == row["problems"]
+    assert "state is 'building': an apply did not finish" in row["problems"][1]
 
 
 def test_rewording_a_status_message_keeps_doctor_advice(tmp_path):
