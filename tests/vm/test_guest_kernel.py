@@ -51,7 +51,10 @@ def boot(workdir: Path, guest_module: str, report: str, then: str = "",
     python = VENV / "bin" / "python"
     select = os.environ.get("HOTCACHE_VM_K")       # develop one case: a short boot
     pick = f"-k {shlex.quote(select)} " if select else ""
-    command = (f"cd {REPO} && HOTCACHE_VM_PERSIST={persist} PYTHONDONTWRITEBYTECODE=1 "
+    # HOTCACHE_VM_TRACE=1: each guest command timed, in OUT/<report>.trace
+    trace = f"HOTCACHE_VM_TRACE={out / (report + '.trace')} " \
+        if os.environ.get("HOTCACHE_VM_TRACE") else ""
+    command = (f"cd {REPO} && {trace}HOTCACHE_VM_PERSIST={persist} PYTHONDONTWRITEBYTECODE=1 "
                f"{python} -m pytest -p no:cacheprovider -q --tb=short {pick}"
                f"-o junit_family=xunit1 --junitxml={out / report} "
                f"tests/vm/guest/{guest_module} > {out / (report + '.log')} 2>&1; "

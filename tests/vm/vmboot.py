@@ -52,11 +52,15 @@ def virtiofsd_shim() -> list[str]:
     return [str(HERE / "bin")] if "-o source=" in usage else []
 
 
-def boot(command: str, rwdir: Path, qemu_drives: str, timeout: int) -> subprocess.CompletedProcess:
+def boot(command: str, rwdir: Path, qemu_drives: str, timeout: int,
+         cpus: int = 1) -> subprocess.CompletedProcess:
     """Boot, run `command` (a shell line) in the guest with `rwdir` writable, power off.
-    stdout is the console (QEMU reopens stdout with truncation: a pipe, never a file)."""
+    stdout is the console (QEMU reopens stdout with truncation: a pipe, never a file).
+    One vCPU by default: under TCG a second one turns every TLB flush and interrupt
+    between the guest's CPUs into a rendezvous of host threads, and the guest tier did
+    the same work in about two thirds of the time and CPU with one (docs/testing.md)."""
     argv = ["timeout", "--kill-after=30", str(timeout), str(VENV / "bin" / "vng"),
-            "--disable-kvm", "--run", str(kernel()), "--cpus", "2", "--memory", "1G",
+            "--disable-kvm", "--run", str(kernel()), "--cpus", str(cpus), "--memory", "1G",
             "--rwdir", str(rwdir), f"--qemu-opts={qemu_drives}",  # one word: starts with -
             "--exec", command]
     path = [*virtiofsd_shim(), str(VENV / "bin"), os.environ.get("PATH", "")]
