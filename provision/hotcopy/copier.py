@@ -24,7 +24,7 @@ import os
 import pwd
 import stat
 import time
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -456,7 +456,7 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> C
         verified_at = _read_back(staging, sel.entries, digests, opts, meter) \
             if opts.verify else None
         try:
-            meta = _finish(staging, src, dest, digests, sel, opts, name, version, old, mode,
+            meta = _finish(staging, src, dest, digests, sel, opts, name, version, old,
                            owner, verified_at)
         except OSError as exc:
             _fail(exc, staging, dest, plan, lambda: None)
@@ -513,12 +513,7 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
     worker = FileCopier(src, src_fd, staging.fd, place.dest_fd if plan.old else None, mode,
                         owner, Limiter(opts.bwlimit) if opts.bwlimit else None, meter)
     entries, kinds = plan.entries, plan.kinds
-    # Folders first, once, from this thread: the workers then only create files.
-    folders = {os.path.dirname(rel) for rel, kind in zip(entries.rels(), kinds)
-               if kind != RESUMED} - {""}
-    for folder in sorted(folders):
-        os.close(beneath.makedirs(staging.fd, folder, 0o700))
-    del folders
+    _make_folders(staging.fd, entries.rels(), mode, owner)
     digests = plan.known   # filled in place: the known ones are already there
 
     def work():
@@ -548,8 +543,10 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
         remaining = {pool.submit(_batch, b) for b in itertools.islice(batches, window)}
         try:
             while remaining:
+                # Woken by each finished batch, to hand out the next one at once: the
+                # threads never wait for the slowest batch of a window.
                 done, remaining = wait(remaining, timeout=CHECKPOINT_SECONDS,
-                                       return_when=FIRST_EXCEPTION)
+                                       return_when=FIRST_COMPLETED)
                 for fut in done:
                     finished = fut.result()
                     _store_digests(digests, finished)
@@ -569,6 +566,29 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
             _fail(exc, staging, dest, plan, checkpoint)
             raise
     return digests, worker.recopied
+
+
+def _make_folders(staging_fd: int, rels: Iterable[str], mode: int | None,
+                  owner: tuple[int, int] | None) -> None:
+    """Every folder the files lie in, and their parents, made first and once from this
+    thread with their final owner and mode: the workers then only create files, and
+    publishing walks no tree. Until then nobody else can reach them: the staging folder
+    itself stays root's 0700 until it is published."""
+    folders: set[str] = set()
+    for rel in rels:
+        folder = os.path.dirname(rel)
+        while folder and folder not in folders:
+            folders.add(folder)
+            folder = os.path.dirname(folder)
+    perm = dir_mode(mode) if mode is not None else 0o755
+    for folder in sorted(folders):
+        fd = beneath.makedirs(staging_fd, folder, 0o700)
+        try:
+            if owner:
+                os.fchown(fd, *owner)
+            os.fchmod(fd, perm)
+        finally:
+            os.close(fd)
 
 
 def _store_digests(digests: Spool, finished: list[tuple[int, Done]]) -> None:
@@ -656,15 +676,11 @@ def _pairs(entries: Entries, digests: Spool) -> Iterator[tuple[str, str]]:
             yield next(rels), block[at:at + DIGEST].hex()
 
 
-def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old, mode,
+def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old,
             owner, verified_at: str | None) -> dict:
-    """Folders' permissions, manifest, metadata, then make it all durable. The manifest
-    is written before the journal is dropped: a failure here resumes, not starts over."""
-    for top, _dirs, _files, fd in beneath.walk(staging.fd):
-        if top:   # the top folder gets its owner and mode once it is published
-            if owner:
-                os.fchown(fd, *owner)
-            os.fchmod(fd, dir_mode(mode) if mode is not None else 0o755)
+    """Manifest, metadata, then make it all durable (the folders got their owner and
+    mode when they were made). The manifest is written before the journal is dropped: a
+    failure here resumes, not starts over."""
     manifest.write(staging.fd, _pairs(sel.entries, digests), owner)
     meta = {
         "format": FORMAT, "complete": True, "name": name, "version": str(version),

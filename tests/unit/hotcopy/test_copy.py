@@ -163,6 +163,20 @@ def test_selection_options_and_mode(env):
     assert sorted(tree(again)) == files
 
 
+def test_every_folder_gets_its_mode_parents_without_files_too(env):
+    """Folders are made with their final mode before the files; a folder that holds
+    only folders gets it as well."""
+    src = env / "src"
+    (src / "top" / "mid" / "leaf").mkdir(parents=True)
+    (src / "top" / "mid" / "leaf" / "x.bin").write_bytes(b"x")
+    (src / "y.bin").write_bytes(b"y")
+    for dest, extra, want in ((env / "plain", (), 0o755), (env / "mode", ("--mode", "0640"), 0o750)):
+        rc, out = hotcache_json("copy", src, dest, *extra)
+        assert rc == 0, out
+        for folder in ("top", "top/mid", "top/mid/leaf"):
+            assert (dest / folder).stat().st_mode & 0o7777 == want, (dest, folder)
+
+
 def test_symlink_out_of_src_is_not_followed(env):
     src = make_dataset(env / "src", n=2)
     secret = env / "secret.key"

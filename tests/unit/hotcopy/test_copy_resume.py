@@ -19,14 +19,14 @@ def test_sigkill_half_way_then_resume(tmp_path, monkeypatch):
     dest = tmp_path / "ds"
     staging = tmp_path / ".ds.hotcache-staging"
     journal = staging / ".hotcache-journal"
-    # --bwlimit makes the copy take ~13 s, so that it is killed in the middle (at its
-    # first journal entry, ~2 s in) even on a loaded machine
+    # --bwlimit makes the copy take ~13 s, so that it is killed in the middle (once the
+    # journal holds more than folder a's 50 files, ~4 s in) even on a loaded machine
     proc = subprocess.Popen([*HOTCACHE, "copy", str(src), str(dest), "--bwlimit", "1M",
                              "--jobs", "1"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
-        if journal.exists() and journal.stat().st_size > 0:
+        if journal.exists() and journal.read_text().count("\n") > 50:
             break
         time.sleep(0.02)
     assert proc.poll() is None, "the copy finished before it could be killed"
@@ -50,6 +50,8 @@ def test_sigkill_half_way_then_resume(tmp_path, monkeypatch):
         now = os.stat(dest / rel)
         assert (now.st_ino, now.st_ctime_ns) == (st.st_ino, st.st_ctime_ns), rel
     assert not staging.exists()
+    # folder a, whose files were all copied before the kill, gets its mode too
+    assert {(dest / c).stat().st_mode & 0o7777 for c in "abcd"} == {0o755}
 
     reference = tmp_path / "reference"
     hotcache("copy", src, reference, check=True)
