@@ -426,7 +426,7 @@ def test_lvmcache_attaches_to_existing_lv():
 def test_flush_timeout_leaves_the_dirty_cache(monkeypatch):
     """docs/provisioning-and-specs.md: a flush stops at HOTCACHE_FLUSH_TIMEOUT with exit 8,
     and the cache is left in place, never removed while dirty. The origin is a dm-delay
-    device whose writes take 10 s, so dm-cache's cleaner cannot write a block back within a 3 s timeout;
+    device whose writes take 4 s, so dm-cache's cleaner cannot write a block back within a 2 s timeout;
     made fast again, the next teardown flushes everything and the origin holds every
     file. Runs on pair 4 once the existing-LV case is done with it."""
     n = EXISTING_LV_PARTITION
@@ -439,7 +439,7 @@ def test_flush_timeout_leaves_the_dirty_cache(monkeypatch):
     hdd = str(Path(f"{HDD}-part{n}").resolve())
     sectors = int(sh("blockdev", "--getsz", hdd).stdout)
     linear = f"0 {sectors} linear {hdd} 0"
-    slow = f"0 {sectors} delay {hdd} 0 0 {hdd} 0 10000"
+    slow = f"0 {sectors} delay {hdd} 0 0 {hdd} 0 4000"
     sh("dmsetup", "create", "slowhdd", "--uuid", "HOTCACHE-TEST-slowhdd", "--table", linear)
     sh("udevadm", "settle")
     spec = PERSIST / "spec-flush.yaml"
@@ -464,11 +464,11 @@ def test_flush_timeout_leaves_the_dirty_cache(monkeypatch):
         sh("sync")
         want = checksums(mp / "data")
         poll("dirty blocks", lambda: status("flush")["cache"]["dirty_bytes"], timeout=15)
-        # The origin's writes now take 10 s each (dm-delay flushes queued I/O on reload).
+        # The origin's writes now take 4 s each (dm-delay flushes queued I/O on reload).
         sh("dmsetup", "suspend", "slowhdd")
         sh("dmsetup", "load", "slowhdd", "--table", slow)
         sh("dmsetup", "resume", "slowhdd")
-        monkeypatch.setenv("HOTCACHE_FLUSH_TIMEOUT", "3")
+        monkeypatch.setenv("HOTCACHE_FLUSH_TIMEOUT", "2")
         res = hotcache("teardown", "flush", "--yes")
         assert res.code == 8, res.out
         assert "dirty blocks" in res.out and "NOT removed" in res.out, res.out
