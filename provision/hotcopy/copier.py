@@ -18,12 +18,13 @@ How a copy runs:
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 import pwd
 import stat
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -52,6 +53,7 @@ CHECKPOINT_FILES = 16384   # and at most this many files: the journal's pending 
                            # stay few however fast small files go
 BATCH_BYTES = 8 << 20      # small files go to the threads in batches, to keep the
 BATCH_FILES = 64           # per-file overhead (futures, wakeups) out of the way
+WINDOW = 4                 # batches in flight per thread: enough to keep them busy
 
 
 # The summary `copy` returns and `hotcache copy --json` prints, as TypedDicts: at run time
@@ -505,16 +507,25 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
          meter) -> tuple[Spool, int]:
     """Copy/link everything in the plan; returns the sha256 of every selected file (32
     bytes each, in the selection's order) and how many files --checksum found changed.
-    Each thread works through its own stretch of the selection (_Lanes), a batch at a
-    time, read from the selection as it is handed out, so nothing per file is held
-    beyond the compact arrays."""
+    The work is handed to the threads a window of batches at a time, as the selection
+    is read, so nothing per file is held beyond the compact arrays."""
     dest = place.dest
     worker = FileCopier(src, src_fd, staging.fd, place.dest_fd if plan.old else None, mode,
                         owner, Limiter(opts.bwlimit) if opts.bwlimit else None, meter)
-    _make_folders(staging.fd, plan.entries.rels(), mode, owner)
+    entries, kinds = plan.entries, plan.kinds
+    _make_folders(staging.fd, entries.rels(), mode, owner)
     digests = plan.known   # filled in place: the known ones are already there
-    todo = len(plan.entries) - plan.counts[RESUMED]
-    meter.start(f"copy {src.name} -> {dest}", plan.entries.bytes - plan.sizes[RESUMED], todo)
+
+    def work():
+        for i, (e, kind) in enumerate(zip(entries, kinds)):
+            if kind == COPY:
+                yield i, worker.copy, (e,)
+            elif kind != RESUMED:
+                digest = plan.known[i * DIGEST:(i + 1) * DIGEST].hex()
+                yield i, worker.link if kind == LINK else worker.check, (e, digest)
+
+    todo = len(entries) - plan.counts[RESUMED]
+    meter.start(f"copy {src.name} -> {dest}", entries.bytes - plan.sizes[RESUMED], todo)
     pending: list[Done] = []
     since = {"bytes": 0, "at": time.monotonic()}
 
@@ -526,30 +537,25 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
         since.update(bytes=0, at=time.monotonic())
 
     jobs = opts.jobs or default_jobs()
-    lanes = _Lanes(plan, worker, jobs)
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="hotcache-copy") as pool:
-        running: dict[Future, int] = {}
-
-        def hand_out(lane: int) -> None:
-            batch = lanes.batch(lane)
-            if batch:
-                running[pool.submit(_batch, batch)] = lane
-
+        batches = _batches(work())
+        window = WINDOW * jobs
+        remaining = {pool.submit(_batch, b) for b in itertools.islice(batches, window)}
         try:
-            for lane in range(jobs):
-                hand_out(lane)
-            while running:
-                # Woken by each finished batch, to give its lane the next one at once.
-                done, _ = wait(running, timeout=CHECKPOINT_SECONDS,
-                               return_when=FIRST_COMPLETED)
+            while remaining:
+                # Woken by each finished batch, to hand out the next one at once: the
+                # threads never wait for the slowest batch of a window.
+                done, remaining = wait(remaining, timeout=CHECKPOINT_SECONDS,
+                                       return_when=FIRST_COMPLETED)
                 for fut in done:
                     finished = fut.result()
-                    hand_out(running.pop(fut))
                     _store_digests(digests, finished)
                     for _i, line in finished:
                         pending.append(line)
                         since["bytes"] += line[1]
                     meter.file_done(len(finished))
+                remaining |= {pool.submit(_batch, b) for b in
+                              itertools.islice(batches, window - len(remaining))}
                 if (since["bytes"] >= CHECKPOINT_BYTES or len(pending) >= CHECKPOINT_FILES
                         or time.monotonic() - since["at"] >= CHECKPOINT_SECONDS):
                     checkpoint()
@@ -560,61 +566,6 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
             _fail(exc, staging, dest, plan, checkpoint)
             raise
     return digests, worker.recopied
-
-
-class _Lanes:
-    """Which files each copy thread takes next. The selection, in path order, is cut into
-    one stretch of consecutive files per thread (a lane), and a lane has one batch in
-    flight at a time, so the threads create files in different folders: files created in
-    one folder by several threads at once queue on that folder's lock (ext4, XFS), which
-    grows with the folder, while `cp`, one file at a time, never waits there. A lane whose
-    stretch is done takes the second half of the longest one left, far from where that
-    lane's thread works. A batch is up to BATCH_FILES files or BATCH_BYTES (a file larger
-    than that goes alone), none that an earlier run finished."""
-
-    def __init__(self, plan: CopyPlan, worker: FileCopier, count: int):
-        self.plan, self.worker = plan, worker
-        n = len(plan.entries)
-        step = max(1, -(-n // count))
-        self.spans = [[a, min(n, a + step)] for a in range(0, n, step)]
-        self.spans += [[n, n] for _ in range(count - len(self.spans))]
-
-    def batch(self, lane: int) -> list[tuple]:
-        """The next batch of `lane` (empty: nothing is left anywhere)."""
-        span = self.spans[lane]
-        items: list[tuple] = []
-        size = 0
-        while len(items) < BATCH_FILES:
-            if span[0] >= span[1] and (items or not self._steal(span)):
-                break
-            stop = min(span[1], span[0] + BATCH_FILES - len(items))
-            for e in self.plan.entries.between(span[0], stop):
-                if items and size + e.size > BATCH_BYTES:
-                    return items
-                item = self._item(span[0], e)
-                span[0] += 1
-                if item is not None:
-                    items.append(item)
-                    size += e.size
-        return items
-
-    def _item(self, i: int, e: Entry) -> tuple | None:
-        kind, w = self.plan.kinds[i], self.worker
-        if kind == COPY:
-            return i, w.copy, (e,)
-        if kind == RESUMED:
-            return None
-        digest = self.plan.known[i * DIGEST:(i + 1) * DIGEST].hex()
-        return i, w.link if kind == LINK else w.check, (e, digest)
-
-    def _steal(self, span: list[int]) -> bool:
-        longest = max(self.spans, key=lambda s: s[1] - s[0])
-        if longest[1] <= longest[0]:
-            return False
-        mid = longest[0] + (longest[1] - longest[0]) // 2
-        span[0], span[1] = mid, longest[1]
-        longest[1] = mid
-        return True
 
 
 def _make_folders(staging_fd: int, rels: Iterable[str], mode: int | None,
@@ -653,6 +604,20 @@ def _store_digests(digests: Spool, finished: list[tuple[int, Done]]) -> None:
         run += bytes.fromhex(digest)
     if run:
         digests[first * DIGEST:first * DIGEST + len(run)] = run
+
+
+def _batches(work: Iterable[tuple]) -> Iterator[list[tuple]]:
+    """Group small files into batches (up to BATCH_FILES or BATCH_BYTES); a large file
+    is a batch of its own, so that large files still spread over all threads."""
+    batch, size = [], 0
+    for item in work:
+        batch.append(item)
+        size += item[2][0].size
+        if len(batch) >= BATCH_FILES or size >= BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
 def _batch(batch: list[tuple]) -> list[tuple[int, Done]]:

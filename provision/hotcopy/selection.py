@@ -100,11 +100,7 @@ class Entries(Sequence):
         return self._entry(i, self._rel(i, numbers[0]), numbers)
 
     def __iter__(self) -> Iterator[Entry]:
-        return self.between(0, self._n)
-
-    def between(self, first: int, stop: int) -> Iterator[Entry]:
-        """Entries first..stop-1, in order, read in blocks as a whole pass is."""
-        for i, (rel, numbers) in enumerate(self._stream(first, stop), first):
+        for i, (rel, numbers) in enumerate(self._stream()):
             yield self._entry(i, rel, numbers)
 
     def _entry(self, i: int, rel: str, numbers: tuple[int, ...]) -> Entry:
@@ -117,19 +113,17 @@ class Entries(Sequence):
         """Every path, in order (what a pass over the paths alone needs)."""
         return (rel for rel, _numbers in self._stream())
 
-    def _stream(self, first: int = 0, stop: int | None = None
-                ) -> Iterator[tuple[str, tuple[int, ...]]]:
-        """(path, numbers) of entries first..stop-1 (default: all) in order, read a
-        thousand records (and their paths) at a time: a pass over all entries costs two
-        reads per block, not two reads and an Entry lookup per file."""
+    def _stream(self) -> Iterator[tuple[str, tuple[int, ...]]]:
+        """(path, numbers) of every entry in order, read a thousand records (and
+        their paths) at a time: a pass over all entries costs two reads per block, not
+        two reads and an Entry lookup per file."""
         w = self._REC.size
         per = _STREAM_RECORDS
-        stop = self._n if stop is None else min(stop, self._n)
-        start = self._numbers(first - 1)[0] if 0 < first < stop else 0
-        for block in range(first, stop, per):
-            records = self._recs[block * w:min(stop, block + per) * w]
-            end_of_paths = self._REC.unpack_from(records, len(records) - w)[0]
-            blob, base = self._blob[start:end_of_paths], start
+        start = 0
+        for first in range(0, self._n, per):
+            records = self._recs[first * w:min(self._n, first + per) * w]
+            stop = self._REC.unpack_from(records, len(records) - w)[0]
+            blob, base = self._blob[start:stop], start
             for rec in self._REC.iter_unpack(records):
                 end = rec[0]
                 yield os.fsdecode(blob[start - base:end - base]), rec
