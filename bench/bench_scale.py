@@ -88,6 +88,8 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=2048, help="bytes per file")
     ap.add_argument("--workdir", type=Path, default=Path("/var/tmp"))
     ap.add_argument("--no-loader", action="store_true", help="skip the first-batch time")
+    ap.add_argument("--no-verify", action="store_true",
+                    help="skip verify --full (the copy's time and memory only)")
     ap.add_argument("--keep", action="store_true", help="keep the source and the copy")
     ap.add_argument("--rounds", type=int, choices=(1, 2), default=2,
                     help="2: cp, hotcache, hotcache, cp (the best of each); 1: cp, hotcache "
@@ -121,12 +123,14 @@ def main() -> None:
         for n in range(len(order)):
             if work / f"dst{n}" != keep:
                 shutil.rmtree(work / f"dst{n}")
-        verify_s, verify_rss = measured([*HOTCACHE, "verify", "--full", keep])
+        verify_s, verify_rss = (None, 0) if args.no_verify else \
+            measured([*HOTCACHE, "verify", "--full", keep])
         batch_s = None if args.no_loader else first_batch(keep)
         cp_best, hc_best = min(times["cp+sync"]), min(times["hotcache"])
         print(f"files={args.files} cp+sync={cp_best:.1f}s hotcache={hc_best:.1f}s "
               f"ratio={hc_best / cp_best:.2f}x copy_peak_rss={rss / 2**20:.0f}MiB "
-              f"verify_full={verify_s:.1f}s verify_peak_rss={verify_rss / 2**20:.0f}MiB "
+              + (f"verify_full={verify_s:.1f}s verify_peak_rss={verify_rss / 2**20:.0f}MiB "
+                 if verify_s is not None else "")
               + (f"first_batch={batch_s:.2f}s " if batch_s is not None else "")
               + f"load={os.getloadavg()[0]:.1f} "
               f"self_peak_rss={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}MiB")
