@@ -11,9 +11,15 @@ decoded images). The source is built once; then cp+sync and hotcache copy run in
 (cp, hotcache, hotcache, cp: load from other work falls on both alike), each into a fresh
 DST on the same filesystem, the best of each counted; the copies are removed only after
 the last one is timed (a copy right after a mass deletion is slowed by ext4's inode
-allocator, not by what it does), and the source is synced before the first. The page cache is not dropped
-(it needs root and drops the other sessions' caches too); the source stays warm for
-both. Peak RSS is ru_maxrss of that one child process (os.wait4), so it is the copy's
+allocator, not by what it does), and the source is synced before the first.
+
+Warm (the default): the page cache is not dropped, so the copies read a source that is
+in memory, and the figure is each tool's own CPU and file-creation cost. Up to a few
+hundred thousand files that holds for every copy; at millions the source and the copies
+no longer fit in memory, and a copy that runs later reads a source the earlier copies
+pushed out of the cache. --cold (root) syncs and drops the page cache, dentries and
+inodes before each copy, so every copy starts alike and reads the source from its disk,
+as a first copy off an HDD array does. Peak RSS is ru_maxrss of that one child process (os.wait4), so it is the copy's
 own, threads included. Goals: hotcache <= 1.5x cp+sync, peak RSS far below 1 KiB a
 file (at 2,000,000 files at most twice that at 200,000), first batch <= 10 s at
 200,000 files.
@@ -56,6 +62,12 @@ def measured(argv: list) -> tuple[float, int]:
     return seconds, usage.ru_maxrss * 1024
 
 
+def drop_caches() -> None:
+    """Every copy starts from a cold source: written back, then dropped."""
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
 def cp_sync(src: Path, dst: Path) -> tuple[float, int]:
     start = time.perf_counter()
     subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
@@ -94,7 +106,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, choices=(1, 2), default=2,
                     help="2: cp, hotcache, hotcache, cp (the best of each); 1: cp, hotcache "
                          "(for the largest sizes, where each copy takes many minutes)")
+    ap.add_argument("--cold", action="store_true",
+                    help="drop the page cache before each copy (root): the source is read "
+                         "from its disk, as in a first copy off an HDD array")
     args = ap.parse_args()
+    if args.cold and os.geteuid() != 0:
+        ap.error("--cold drops the page cache: run it as root")
     work = Path(tempfile.mkdtemp(prefix="hotcache-scale-", dir=args.workdir))
     os.environ["HOTCACHE_STATE"] = str(work / "state" / "mappings.yaml")
     try:
@@ -110,6 +127,8 @@ def main() -> None:
         order = ("cp+sync", "hotcache", "hotcache", "cp+sync")[:2 * args.rounds]
         for n, name in enumerate(order):
             dst = work / f"dst{n}"
+            if args.cold:
+                drop_caches()
             seconds, peak = (cp_sync if name == "cp+sync" else hotcache_copy)(src, dst)
             times[name].append(seconds)
             rss = max(rss, peak)
@@ -127,7 +146,7 @@ def main() -> None:
             measured([*HOTCACHE, "verify", "--full", keep])
         batch_s = None if args.no_loader else first_batch(keep)
         cp_best, hc_best = min(times["cp+sync"]), min(times["hotcache"])
-        print(f"files={args.files} cp+sync={cp_best:.1f}s hotcache={hc_best:.1f}s "
+        print(f"files={args.files} {'cold' if args.cold else 'warm'} cp+sync={cp_best:.1f}s hotcache={hc_best:.1f}s "
               f"ratio={hc_best / cp_best:.2f}x copy_peak_rss={rss / 2**20:.0f}MiB "
               + (f"verify_full={verify_s:.1f}s verify_peak_rss={verify_rss / 2**20:.0f}MiB "
                  if verify_s is not None else "")

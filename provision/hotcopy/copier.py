@@ -24,7 +24,7 @@ import os
 import pwd
 import stat
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -32,9 +32,10 @@ from typing import Literal, TypedDict
 
 from hotcache.provision import __version__
 from hotcache.provision.system import beneath, fsops, sizes, users
-from hotcache.provision.hotcopy import manifest
+from hotcache.provision.hotcopy import lanes, manifest
 from hotcache.provision.errors import DriftError, HotcacheError, RefusedError, UsageError
 from hotcache.provision.hotcopy.filecopy import CHUNK, Done, FileCopier, Limiter, default_jobs
+from hotcache.provision.hotcopy.lanes import SMALL
 from hotcache.provision.hotcopy.format import (FORMAT, MANIFEST, METADATA, STAGING_SUFFIX,
                                                label_ok, read_metadata, staging_dir)
 from hotcache.provision.system.clock import now
@@ -205,6 +206,7 @@ def parse_rate(text: str | None) -> int | None:
 # ---------------------------------------------------------------- the whole copy
 
 COPY, LINK, CHECK, RESUMED = range(4)   # what a run does with each selected file
+Item = tuple[int, int, Entry, str]       # index, kind, the file, its known sha256 (hex) or ""
 DIGEST = 32                              # bytes of a sha256 in the compact arrays
 _DIGESTS_READ = 2048                     # digests read at once by a pass over all (64 KiB)
 
@@ -223,6 +225,7 @@ class CopyPlan:
     same_names: bool            # the published manifest lists exactly these paths
     counts: list[int] = field(default_factory=lambda: [0] * 4)
     sizes: list[int] = field(default_factory=lambda: [0] * 4)
+    small: int = 0              # files to copy, link or check that are under lanes.SMALL
 
     @property
     def copy_bytes(self) -> int:
@@ -268,6 +271,7 @@ def make_plan(entries: Entries, dest: Path, journal: dict, checksum: bool,
         plan.kinds[i] = kind
         plan.counts[kind] += 1
         plan.sizes[kind] += e.size
+        plan.small += kind != RESUMED and e.size < SMALL
         if digest is not None:
             plan.known[i * DIGEST:(i + 1) * DIGEST] = bytes.fromhex(digest)
     while cur is not None:
@@ -507,8 +511,9 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
          meter) -> tuple[Spool, int]:
     """Copy/link everything in the plan; returns the sha256 of every selected file (32
     bytes each, in the selection's order) and how many files --checksum found changed.
-    The work is handed to the threads a window of batches at a time, as the selection
-    is read, so nothing per file is held beyond the compact arrays."""
+    The work is handed out a window of batches at a time, as the selection is read, so
+    nothing per file is held beyond the compact arrays: batches of many small files to
+    worker processes, the rest to threads (lanes.py)."""
     dest = place.dest
     worker = FileCopier(src, src_fd, staging.fd, place.dest_fd if plan.old else None, mode,
                         owner, Limiter(opts.bwlimit) if opts.bwlimit else None, meter)
@@ -516,16 +521,13 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
     _make_folders(staging.fd, entries.rels(), mode, owner)
     digests = plan.known   # filled in place: the known ones are already there
 
-    def work():
+    def work() -> Iterator[Item]:
         for i, (e, kind) in enumerate(zip(entries, kinds)):
-            if kind == COPY:
-                yield i, worker.copy, (e,)
-            elif kind != RESUMED:
-                digest = plan.known[i * DIGEST:(i + 1) * DIGEST].hex()
-                yield i, worker.link if kind == LINK else worker.check, (e, digest)
+            if kind != RESUMED:
+                known = plan.known[i * DIGEST:(i + 1) * DIGEST].hex() if kind != COPY else ""
+                yield i, kind, e, known
 
     todo = len(entries) - plan.counts[RESUMED]
-    meter.start(f"copy {src.name} -> {dest}", entries.bytes - plan.sizes[RESUMED], todo)
     pending: list[Done] = []
     since = {"bytes": 0, "at": time.monotonic()}
 
@@ -537,35 +539,45 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
         since.update(bytes=0, at=time.monotonic())
 
     jobs = opts.jobs or default_jobs()
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="hotcache-copy") as pool:
+    recopied = 0
+    with lanes.Lanes(worker, _batch, jobs, lanes.processes(plan.small, jobs)) as pool:
+        meter.start(f"copy {src.name} -> {dest}", entries.bytes - plan.sizes[RESUMED], todo)
         batches = _batches(work())
         window = WINDOW * jobs
-        remaining = {pool.submit(_batch, b) for b in itertools.islice(batches, window)}
+
+        def submit(n: int) -> set:
+            return {pool.submit(b, b[0][2].size < SMALL) for b in itertools.islice(batches, n)}
+
+        remaining = submit(window)
         try:
             while remaining:
                 # Woken by each finished batch, to hand out the next one at once: the
-                # threads never wait for the slowest batch of a window.
+                # copiers never wait for the slowest batch of a window.
                 done, remaining = wait(remaining, timeout=CHECKPOINT_SECONDS,
                                        return_when=FIRST_COMPLETED)
                 for fut in done:
-                    finished = fut.result()
+                    finished, moved, changed = fut.result()
+                    meter.advance(moved)
+                    recopied += changed
                     _store_digests(digests, finished)
                     for _i, line in finished:
                         pending.append(line)
                         since["bytes"] += line[1]
                     meter.file_done(len(finished))
-                remaining |= {pool.submit(_batch, b) for b in
-                              itertools.islice(batches, window - len(remaining))}
+                remaining |= submit(window - len(remaining))
                 if (since["bytes"] >= CHECKPOINT_BYTES or len(pending) >= CHECKPOINT_FILES
                         or time.monotonic() - since["at"] >= CHECKPOINT_SECONDS):
                     checkpoint()
             checkpoint()
         except BaseException as exc:
             worker.stop.set()
-            pool.shutdown(wait=True, cancel_futures=True)
-            _fail(exc, staging, dest, plan, checkpoint)
+            pool.shutdown(cancel=True)
+            died = lanes.worker_died(exc)
+            _fail(died or exc, staging, dest, plan, checkpoint)
+            if died:
+                raise died from exc
             raise
-    return digests, worker.recopied
+    return digests, worker.recopied + recopied
 
 
 def _make_folders(staging_fd: int, rels: Iterable[str], mode: int | None,
@@ -606,13 +618,18 @@ def _store_digests(digests: Spool, finished: list[tuple[int, Done]]) -> None:
         digests[first * DIGEST:first * DIGEST + len(run)] = run
 
 
-def _batches(work: Iterable[tuple]) -> Iterator[list[tuple]]:
+def _batches(work: Iterable[Item]) -> Iterator[list[Item]]:
     """Group small files into batches (up to BATCH_FILES or BATCH_BYTES); a large file
-    is a batch of its own, so that large files still spread over all threads."""
-    batch, size = [], 0
+    is a batch of its own, so that large files still spread over all threads. A batch
+    holds small files only or none (they may go to different lanes)."""
+    batch: list[Item] = []
+    size = 0
     for item in work:
+        if batch and (item[2].size < SMALL) != (batch[0][2].size < SMALL):
+            yield batch
+            batch, size = [], 0
         batch.append(item)
-        size += item[2][0].size
+        size += item[2].size
         if len(batch) >= BATCH_FILES or size >= BATCH_BYTES:
             yield batch
             batch, size = [], 0
@@ -620,8 +637,17 @@ def _batches(work: Iterable[tuple]) -> Iterator[list[tuple]]:
         yield batch
 
 
-def _batch(batch: list[tuple]) -> list[tuple[int, Done]]:
-    return [(i, fn(*args)) for i, fn, args in batch]
+def _batch(worker: FileCopier, batch: list[Item]) -> list[tuple[int, Done]]:
+    """Copy, link or check each file of a batch (in a thread or a worker process)."""
+    out = []
+    for i, kind, e, known in batch:
+        if kind == COPY:
+            out.append((i, worker.copy(e)))
+        elif kind == LINK:
+            out.append((i, worker.link(e, known)))
+        else:
+            out.append((i, worker.check(e, known)))
+    return out
 
 
 def _fail(exc: BaseException, staging: Staging, dest: Path, plan: CopyPlan, checkpoint) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import multiprocessing
 import os
 import stat
 import threading
@@ -44,18 +45,21 @@ def large_streams() -> int:
 
 
 class Limiter:
-    """One byte-rate limit shared by all threads (like rsync's --bwlimit)."""
+    """One byte-rate limit shared by all threads and worker processes (like rsync's
+    --bwlimit): its clock lives in shared memory, forked along with the copy."""
 
     def __init__(self, rate: int):
+        ctx = multiprocessing.get_context("fork")
         self.rate = rate
-        self.lock = threading.Lock()
-        self.next = time.monotonic()
+        self.lock = ctx.Lock()
+        self.next = ctx.RawValue("d", time.monotonic())   # CLOCK_MONOTONIC: one clock
+                                                          # for every process
 
     def take(self, n: int) -> None:
         with self.lock:
             now = time.monotonic()
-            start = max(self.next, now)
-            self.next = start + n / self.rate
+            start = max(self.next.value, now)
+            self.next.value = start + n / self.rate
         if start > now:
             time.sleep(start - now)
 

@@ -1,0 +1,136 @@
+"""Where a copy's batches of files run: threads, and worker processes for many small files.
+
+A thread copies a large file as well as a process would: hashing and each 1 MiB read or
+write release the interpreter's lock for a long time. A file of a few KiB is a dozen
+short system calls and some Python, and the lock changes hands at every call: with many
+threads each hand-off wakes another thread, and the copy spends more CPU passing the lock
+around than copying (BENCHMARKS.md has the figures). So when a copy holds many small
+files, they go in batches to worker processes forked for it, one interpreter each, and
+the copy's CPU work spreads over the cores. The processes inherit the copier and its
+folder descriptors; what they copied (path, size, mtime, sha256, bytes moved) comes back
+to this process, which alone journals and shows progress; the rate limit's clock is
+shared memory. Large files stay with the
+threads, whose progress shows within a file.
+
+The processes are forked before any of the copy's threads start, ignore Ctrl-C (this
+process stops the copy and keeps what is journaled), and die with this process: a copy
+killed outright leaves no worker writing into its staging folder.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any
+
+from hotcache.provision.errors import HotcacheError
+from hotcache.provision.hotcopy.filecopy import FileCopier
+from hotcache.provision.system.chunks import CHUNK
+from hotcache.provision.system.meter import NullMeter
+
+SMALL = CHUNK     # a file read in one read is small: it may go to a worker process
+MANY = 2048       # ... when the copy has at least this many small files (a fork each
+                  # costs milliseconds; a few hundred small files are done by then)
+_PR_SET_PDEATHSIG = 1
+
+# What a batch returns: the (index, journal line) of each file, the bytes it moved (for
+# the meter) and how many files --checksum found changed.
+Finished = tuple[list, int, int]
+RunBatch = Callable[[FileCopier, list], list]
+
+
+def processes(small_files: int, jobs: int) -> int:
+    """How many worker processes a copy with this many small files gets: as many as
+    --jobs allows threads (more than one a core keeps reads in flight while others wait
+    on a cold disk, and costs no more CPU), none for a few small files."""
+    return jobs if small_files >= MANY else 0
+
+
+class Tally(NullMeter):
+    """A worker process's meter: counts the bytes, which travel back with the batch."""
+
+    moved = 0
+
+    def advance(self, nbytes: int) -> None:
+        self.moved += nbytes
+
+
+class Lanes:
+    """`submit(batch, small)`: a batch of small files to a worker process when there are
+    any, anything else to a thread. Each future's result is a `Finished`."""
+
+    def __init__(self, worker: FileCopier, run: RunBatch, threads: int, procs: int):
+        self.worker, self.run = worker, run
+        self.procs: ProcessPoolExecutor | None = None
+        if procs:
+            self.procs = ProcessPoolExecutor(
+                procs, mp_context=multiprocessing.get_context("fork"),
+                initializer=_start_child, initargs=(worker, run, os.getpid()))
+            # With fork the executor starts every process at its first task: all of them
+            # now, before this copy starts a thread that a fork could catch mid-step.
+            self.procs.submit(int).result()
+        self.threads = ThreadPoolExecutor(max_workers=threads,
+                                          thread_name_prefix="hotcache-copy")
+
+    def submit(self, batch: list, small: bool) -> Future:
+        if small and self.procs is not None:
+            return self.procs.submit(_in_child, batch)
+        return self.threads.submit(self._in_thread, batch)
+
+    def _in_thread(self, batch: list) -> Finished:
+        return self.run(self.worker, batch), 0, 0   # the thread advanced the meter itself
+
+    def shutdown(self, cancel: bool = False) -> None:
+        self.threads.shutdown(wait=True, cancel_futures=cancel)
+        if self.procs is not None:
+            self.procs.shutdown(wait=True, cancel_futures=cancel)
+
+    def __enter__(self) -> Lanes:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown(cancel=exc[0] is not None)
+
+
+def worker_died(exc: BaseException) -> HotcacheError | None:
+    """A worker process killed from outside (the OOM killer, `kill -9`) as an error to
+    report; None for anything else."""
+    if not isinstance(exc, BrokenProcessPool):
+        return None
+    return HotcacheError("a worker process of the copy was killed from outside (the "
+                         "kernel's out-of-memory killer, or a signal); nothing was published",
+                         hint="check dmesg, then run the same command again: finished "
+                              "files are not copied again")
+
+
+# ---------------------------------------------------------------- in a worker process
+
+_child: tuple[FileCopier, RunBatch] | None = None
+
+
+def _start_child(worker: FileCopier, run: RunBatch, parent: int) -> None:
+    """Runs first in each worker process (arguments inherited through fork, not pickled)."""
+    global _child
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the copy's to handle
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:   # the copy died before the line above
+        os._exit(1)
+    worker.meter = Tally()
+    _child = (worker, run)
+
+
+def _in_child(batch: list) -> Finished:
+    if _child is None:
+        raise RuntimeError("not a copy's worker process")
+    worker, run = _child
+    tally, recopied = worker.meter, worker.recopied
+    assert isinstance(tally, Tally)
+    tally.moved = 0
+    done = run(worker, batch)
+    return done, tally.moved, worker.recopied - recopied

@@ -1,0 +1,263 @@
+"""Many small files go to worker processes (hotcopy/lanes.py), large ones to threads: the
+copy is the same byte for byte; progress, the rate limit and --checksum's count travel
+back from the processes; their errors arrive whole; a worker killed from outside is
+reported and the next run finishes; a copy killed outright takes its workers with it
+and resumes. MANY is lowered so that a few dozen files take the process lane."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hotcache.provision.errors import HotcacheError
+from hotcache.provision.hotcopy import copier, filecopy, lanes
+from hotcache.provision.system.meter import NullMeter
+from tests.helpers import hotcache_json
+from tests.unit.hotcopy.test_copy import make_dataset, sha256sum_check, tree
+
+BIG = 2 << 20   # over lanes.SMALL: a thread's
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTCACHE_STATE", str(tmp_path / "mappings.yaml"))
+    monkeypatch.setattr(lanes, "MANY", 8)
+    src = make_dataset(tmp_path / "src", n=20, size=3000)
+    (src / "big.bin").write_bytes(os.urandom(BIG))
+    return src, tmp_path / "dest"
+
+
+def pid_log(monkeypatch, log: Path) -> None:
+    """Each file copied writes 'pid path' to `log` (O_APPEND: whole lines from every
+    process)."""
+    real = filecopy.FileCopier.copy
+
+    def logged(self, e):
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, f"{os.getpid()} {e.rel}\n".encode())
+        finally:
+            os.close(fd)
+        return real(self, e)
+
+    monkeypatch.setattr(filecopy.FileCopier, "copy", logged)
+
+
+def copied_by(log: Path) -> dict[str, int]:
+    return {rel: int(pid) for pid, rel in
+            (line.split(" ", 1) for line in log.read_text().splitlines())}
+
+
+def test_small_files_go_to_worker_processes_large_ones_to_threads(env, tmp_path,
+                                                                  monkeypatch):
+    src, dest = env
+    pid_log(monkeypatch, tmp_path / "pids")
+    summary = copier.copy(src, dest, copier.CopyOptions(jobs=3))
+    by = copied_by(tmp_path / "pids")
+    assert by.pop("big.bin") == os.getpid()
+    assert len(by) == 41 and os.getpid() not in by.values()   # labels.csv and 40 images
+    assert 1 <= len(set(by.values())) <= 3            # --jobs bounds the processes
+    assert summary["copied_files"] == 42
+    assert tree(dest) == tree(src) and sha256sum_check(dest).returncode == 0
+
+
+def test_a_few_small_files_stay_in_threads(env, tmp_path, monkeypatch):
+    src, dest = env
+    monkeypatch.setattr(lanes, "MANY", 42)            # 41 small files: too few
+    pid_log(monkeypatch, tmp_path / "pids")
+    copier.copy(src, dest, copier.CopyOptions())
+    assert set(copied_by(tmp_path / "pids").values()) == {os.getpid()}
+    assert tree(dest) == tree(src)
+
+
+class Recording(NullMeter):
+    def __init__(self):
+        self.moved = self.files = 0
+
+    def advance(self, nbytes: int) -> None:
+        self.moved += nbytes
+
+    def file_done(self, n: int = 1) -> None:
+        self.files += n
+
+
+def test_progress_counts_the_processes_bytes(env):
+    src, dest = env
+    meter = Recording()
+    copier.copy(src, dest, copier.CopyOptions(), meter=meter)
+    assert meter.moved == sum(map(len, tree(src).values())) and meter.files == 42
+
+
+def test_one_rate_limit_holds_across_the_processes(tmp_path, monkeypatch):
+    monkeypatch.setattr(lanes, "MANY", 8)
+    src = make_dataset(tmp_path / "src", classes=("a", "b"), n=40, size=1000)
+    log = tmp_path / "taken"
+    real = filecopy.Limiter.take
+
+    def logged(self, n):
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.write(fd, f"{os.getpid()} {n}\n".encode())
+        os.close(fd)
+        real(self, n)
+
+    monkeypatch.setattr(filecopy.Limiter, "take", logged)
+    made = []
+    real_init = filecopy.Limiter.__init__
+
+    def init(self, rate):
+        real_init(self, rate)
+        made.append((self, self.next.value))
+
+    monkeypatch.setattr(filecopy.Limiter, "__init__", init)
+    rate = 1 << 30
+    copier.copy(src, tmp_path / "dest", copier.CopyOptions(bwlimit=rate, jobs=4))
+    taken = [line.split() for line in log.read_text().splitlines()]
+    assert {int(pid) for pid, _n in taken} - {os.getpid()}        # the processes took
+    total = sum(map(len, tree(src).values()))
+    assert sum(int(n) for _pid, n in taken) == total
+    # One clock for all: every process's take moved the limit this process holds.
+    limiter, first = made[0]
+    assert limiter.next.value - first >= total / rate
+
+
+def test_refresh_links_and_checksum_recopies_in_the_processes(env, tmp_path):
+    src, dest = env
+    copier.copy(src, dest, copier.CopyOptions())
+    inodes = {p: (dest / p).stat().st_ino for p in tree(dest)}
+    changed = src / "cat" / "003.jpg"
+    st = changed.stat()
+    changed.write_bytes(b"X" * st.st_size)            # same size and mtime: only
+    os.utime(changed, ns=(st.st_atime_ns, st.st_mtime_ns))   # --checksum sees it
+    summary = copier.copy(src, dest, copier.CopyOptions(checksum=True))
+    assert summary["changed"] and summary["checked_files"] == 42
+    assert summary["copied_files"] == 1               # counted in a worker process
+    assert tree(dest) == tree(src)
+    (src / "dog" / "004.jpg").write_bytes(b"new")
+    summary = copier.copy(src, dest, copier.CopyOptions())
+    assert summary["reused_files"] == 41 and summary["copied_files"] == 1
+    relinked = {p for p in tree(dest) if (dest / p).stat().st_ino == inodes.get(p)}
+    assert relinked == set(tree(dest)) - {"cat/003.jpg", "dog/004.jpg"}
+
+
+def test_an_error_in_a_process_names_the_file_and_publishes_nothing(env, monkeypatch):
+    src, dest = env
+    real = os.readv
+
+    def fails(fd, buffers):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("dog/007.jpg"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd, buffers)
+
+    monkeypatch.setattr(filecopy.os, "readv", fails)
+    with pytest.raises(HotcacheError, match=rf"dog/007\.jpg: {os.strerror(errno.EIO)}"):
+        copier.copy(src, dest, copier.CopyOptions())
+    assert not dest.exists()
+
+
+def test_a_process_s_error_keeps_its_hint(env, monkeypatch):
+    src, dest = env
+    real = os.readv
+    target = src / "cat" / "011.jpg"
+
+    def always_writing(fd, buffers):
+        if os.readlink(f"/proc/self/fd/{fd}") == str(target):
+            with open(target, "ab") as f:
+                f.write(b"x")
+        return real(fd, buffers)
+
+    monkeypatch.setattr(filecopy.os, "readv", always_writing)
+    with pytest.raises(HotcacheError, match="kept changing") as err:
+        copier.copy(src, dest, copier.CopyOptions())
+    assert err.value.hint and "exclude that file" in err.value.hint
+    assert not dest.exists()
+
+
+def test_a_worker_killed_from_outside_is_reported_and_the_next_run_finishes(env,
+                                                                           monkeypatch):
+    src, dest = env
+    real, parent = filecopy.FileCopier.copy, os.getpid()
+
+    def oom_killed(self, e):
+        if e.rel == "dog/005.jpg" and os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return real(self, e)
+
+    monkeypatch.setattr(filecopy.FileCopier, "copy", oom_killed)
+    with pytest.raises(HotcacheError, match="worker process of the copy was killed"):
+        copier.copy(src, dest, copier.CopyOptions())
+    assert not dest.exists()
+    monkeypatch.setattr(filecopy.FileCopier, "copy", real)
+    copier.copy(src, dest, copier.CopyOptions())
+    assert tree(dest) == tree(src) and sha256sum_check(dest).returncode == 0
+
+
+RUN_CLI = """
+import sys
+from hotcache.provision.hotcopy import lanes
+lanes.MANY = 8
+sys.argv = ["hotcache", *sys.argv[1:]]
+from hotcache.provision.cli.app import main
+main()
+"""
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.add(int(entry.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_copy_killed_outright_takes_its_workers_with_it_and_resumes(tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.setenv("HOTCACHE_STATE", str(tmp_path / "mappings.yaml"))
+    src = make_dataset(tmp_path / "src", classes=("a", "b", "c", "d"), n=100, size=16 << 10)
+    dest = tmp_path / "ds"
+    journal = tmp_path / ".ds.hotcache-staging" / ".hotcache-journal"
+    # --bwlimit 1M: a second for each batch of 64 files, so the kill lands mid-copy
+    proc = subprocess.Popen([sys.executable, "-c", RUN_CLI, "copy", str(src), str(dest),
+                             "--bwlimit", "1M", "--jobs", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if journal.exists() and journal.read_text().count("\n") >= 64:
+            break
+        time.sleep(0.02)
+    workers = _children(proc.pid)
+    assert proc.poll() is None, "the copy finished before it could be killed"
+    assert len(workers) >= 2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(map(_alive, workers)):
+        time.sleep(0.05)
+    assert not any(map(_alive, workers)), "worker processes outlived the copy"
+    assert not dest.exists()
+
+    done = [json.loads(line)[0] for line in journal.read_text().split("\n")[:-1]]
+    rc, out = hotcache_json("copy", src, dest)
+    assert rc == 0, out
+    assert 0 < out["resumed_files"] == len(done) < 400
+    assert tree(dest) == tree(src) and sha256sum_check(dest).returncode == 0
