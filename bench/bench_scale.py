@@ -8,10 +8,10 @@ the time make_loader takes to its first batch over the copy.
 N files of 2 KiB (--size) in 1,000 class folders (named .jpg so that the image-folder
 listing takes them; their bytes are random, so the loader is asked for raw bytes, not
 decoded images). The source is built once; then cp+sync and hotcache copy run in turn
-(cp, hotcache, hotcache, cp: load from other work falls on both alike), each into a fresh
-DST on the same filesystem, the best of each counted; the copies are removed only after
-the last one is timed (a copy right after a mass deletion is slowed by ext4's inode
-allocator, not by what it does), and the source is synced before the first.
+(cp, hotcache, hotcache, cp: load from other work falls on both alike), each into a
+fresh DST on the same filesystem, the best of each counted; the copies are removed only
+after the last one is timed (a copy right after a mass deletion is slowed by ext4's
+inode allocator, not by what it does), and the source is synced before the first.
 
 Warm (the default): the page cache is not dropped, so the copies read a source that is
 in memory, and the figure is each tool's own CPU and file-creation cost. Up to a few
@@ -19,10 +19,13 @@ hundred thousand files that holds for every copy; at millions the source and the
 no longer fit in memory, and a copy that runs later reads a source the earlier copies
 pushed out of the cache. --cold (root) syncs and drops the page cache, dentries and
 inodes before each copy, so every copy starts alike and reads the source from its disk,
-as a first copy off an HDD array does. Peak RSS is ru_maxrss of that one child process (os.wait4), so it is the copy's
-own, threads included. Goals: hotcache <= 1.5x cp+sync, peak RSS far below 1 KiB a
-file (at 2,000,000 files at most twice that at 200,000), first batch <= 10 s at
-200,000 files.
+as a first copy off an HDD array does; on a VM it also pauses free page reporting for
+the run (bench_copy.steady_memory: memory freed by the drop would otherwise be handed to
+the host, and each copy's first touch of it would cost a host page fault). Peak RSS is
+ru_maxrss of that one child process (os.wait4): the copy's own, threads included, or its
+largest worker process's, whichever is larger. Goals: hotcache <= 1.5x cp+sync, peak RSS
+far below 1 KiB a file (at 2,000,000 files at most twice that at 200,000), first batch
+<= 10 s at 200,000 files.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_copy import steady_memory
 
 HOTCACHE = [sys.executable, "-m", "hotcache.provision"]
 FOLDERS = 1000
@@ -109,13 +114,64 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true",
                     help="drop the page cache before each copy (root): the source is read "
                          "from its disk, as in a first copy off an HDD array")
+    ap.add_argument("--xfs", action="store_true",
+                    help="the source and each copy on a fresh XFS filesystem of its own "
+                         "(loop devices under --workdir; root)")
     args = ap.parse_args()
-    if args.cold and os.geteuid() != 0:
-        ap.error("--cold drops the page cache: run it as root")
+    if (args.cold or args.xfs) and os.geteuid() != 0:
+        ap.error("--cold and --xfs need root")
+    with steady_memory(keep=not args.cold) as memory:
+        if memory:
+            print(memory)
+        run(args)
+
+
+class Filesystems:
+    """Where the source and each copy live: folders on --workdir's filesystem, or with
+    --xfs a fresh XFS filesystem each (a sparse image on a loop device, mounted
+    noatime), as on a hot tier. A fresh filesystem per copy has no history: no copy pays
+    for files deleted before it, and removing one is an unmount, not millions of
+    unlinks."""
+
+    def __init__(self, work: Path, xfs: bool, image_bytes: int):
+        self.work, self.xfs, self.image_bytes = work, xfs, image_bytes
+        self.mounted: list[Path] = []
+
+    def folder(self, name: str) -> Path:
+        """A new place for a tree called `name` (which does not exist yet)."""
+        if not self.xfs:
+            return self.work / name
+        mnt = self.work / f"{name}.mnt"
+        mnt.mkdir()
+        image = self.work / f"{name}.img"
+        with open(image, "wb") as f:
+            f.truncate(self.image_bytes)
+        subprocess.run(["mkfs.xfs", "-q", str(image)], check=True)
+        subprocess.run(["mount", "-o", "loop,noatime", str(image), str(mnt)], check=True)
+        self.mounted.append(mnt)
+        return mnt / name
+
+    def remove(self, tree: Path) -> None:
+        if not self.xfs:
+            shutil.rmtree(tree)
+            return
+        mnt = tree.parent
+        subprocess.run(["umount", str(mnt)], check=True)
+        self.mounted.remove(mnt)
+        (self.work / mnt.name.replace(".mnt", ".img")).unlink()
+
+    def close(self) -> None:
+        for mnt in reversed(self.mounted):
+            subprocess.run(["umount", str(mnt)], check=False)
+
+
+def run(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="hotcache-scale-", dir=args.workdir))
     os.environ["HOTCACHE_STATE"] = str(work / "state" / "mappings.yaml")
+    # an XFS image: a 4 KiB block and an inode a file, with room to spare
+    fs = Filesystems(work, args.xfs, args.files * (args.size + 8192) * 3 // 2 + (1 << 30))
     try:
-        src = work / "src"
+        src = fs.folder("src")
         t0 = time.perf_counter()
         make_dataset(src, args.files, args.size)
         subprocess.run(["sync"], check=True)   # the first copy's sync must not write it
@@ -125,8 +181,10 @@ def main() -> None:
         times: dict[str, list[float]] = {"cp+sync": [], "hotcache": []}
         rss = 0
         order = ("cp+sync", "hotcache", "hotcache", "cp+sync")[:2 * args.rounds]
+        dsts = []
         for n, name in enumerate(order):
-            dst = work / f"dst{n}"
+            dst = fs.folder(f"dst{n}")
+            dsts.append(dst)
             if args.cold:
                 drop_caches()
             seconds, peak = (cp_sync if name == "cp+sync" else hotcache_copy)(src, dst)
@@ -138,16 +196,18 @@ def main() -> None:
         # were deleted is several times slower (the inode allocator skips inodes deleted
         # in the last minute: perf shows recently_deleted() at the top), so a copy timed
         # right after the previous one was removed would pay for that removal.
-        keep = work / f"dst{max(n for n, name in enumerate(order) if name == 'hotcache')}"
-        for n in range(len(order)):
-            if work / f"dst{n}" != keep:
-                shutil.rmtree(work / f"dst{n}")
+        keep = dsts[max(n for n, name in enumerate(order) if name == "hotcache")]
+        for dst in dsts:
+            if dst != keep:
+                fs.remove(dst)
         verify_s, verify_rss = (None, 0) if args.no_verify else \
             measured([*HOTCACHE, "verify", "--full", keep])
         batch_s = None if args.no_loader else first_batch(keep)
         cp_best, hc_best = min(times["cp+sync"]), min(times["hotcache"])
-        print(f"files={args.files} {'cold' if args.cold else 'warm'} cp+sync={cp_best:.1f}s hotcache={hc_best:.1f}s "
-              f"ratio={hc_best / cp_best:.2f}x copy_peak_rss={rss / 2**20:.0f}MiB "
+        print(f"files={args.files} {'xfs' if args.xfs else 'workdir'} "
+              f"{'cold' if args.cold else 'warm'} cp+sync={cp_best:.1f}s "
+              f"hotcache={hc_best:.1f}s ratio={hc_best / cp_best:.2f}x "
+              f"copy_peak_rss={rss / 2**20:.0f}MiB "
               + (f"verify_full={verify_s:.1f}s verify_peak_rss={verify_rss / 2**20:.0f}MiB "
                  if verify_s is not None else "")
               + (f"first_batch={batch_s:.2f}s " if batch_s is not None else "")
@@ -157,6 +217,7 @@ def main() -> None:
         if args.keep:
             print(f"kept {work}")
         else:
+            fs.close()
             shutil.rmtree(work, ignore_errors=True)
 
 
