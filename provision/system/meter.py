@@ -35,7 +35,9 @@ class NullMeter:
 
 
 class RichMeter(NullMeter):
-    """One bar at a time on stderr; `start` again replaces it (e.g. warm's next pass)."""
+    """One bar at a time on stderr; `start` again replaces it (e.g. warm's next pass).
+    The bar's refresh thread starts with the first `start`, not before: a copy forks its
+    worker processes before that, and a fork must not catch a thread holding stderr."""
 
     def __init__(self) -> None:
         from rich.console import Console
@@ -47,11 +49,12 @@ class RichMeter(NullMeter):
                                   TimeRemainingColumn(), console=Console(stderr=True),
                                   transient=False)
         self._task: TaskID | None = None
-        self._progress.start()
 
     def start(self, label: str, total_bytes: int, total_files: int | None = None) -> None:
         if self._task is not None:
             self._progress.stop_task(self._task)
+        else:
+            self._progress.start()
         self._task = self._progress.add_task(label, total=total_bytes)
 
     def advance(self, nbytes: int) -> None:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.hotcopy import copier, filecopy, lanes
-from hotcache.provision.system.meter import NullMeter
+from hotcache.provision.system.meter import NullMeter, RichMeter
 from tests.helpers import hotcache_json
 from tests.unit.hotcopy.test_copy import make_dataset, sha256sum_check, tree
 
@@ -261,3 +262,24 @@ def test_a_copy_killed_outright_takes_its_workers_with_it_and_resumes(tmp_path,
     assert rc == 0, out
     assert 0 < out["resumed_files"] == len(done) < 400
     assert tree(dest) == tree(src) and sha256sum_check(dest).returncode == 0
+
+
+def test_the_workers_are_forked_before_any_thread_starts(env, monkeypatch):
+    """A fork copies only the forking thread: another thread holding a lock then (the
+    progress bar's, writing to stderr) would leave that lock held in every worker."""
+    src, dest = env
+    seen = []
+    real = lanes.Lanes.__init__
+
+    def recording(self, *args):
+        seen.append([t.name for t in threading.enumerate()])
+        real(self, *args)
+
+    monkeypatch.setattr(lanes.Lanes, "__init__", recording)
+    meter = RichMeter()                    # the bar a terminal gets
+    try:
+        copier.copy(src, dest, copier.CopyOptions(), meter=meter)
+    finally:
+        meter.stop()
+    assert seen == [[threading.main_thread().name]]
+    assert tree(dest) == tree(src)
