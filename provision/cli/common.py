@@ -29,7 +29,7 @@ UnitDirOpt = typer.Option(None, "--unit-dir", envvar="HOTCACHE_UNIT_DIR", show_e
 DryRunOpt = typer.Option(False, "--dry-run",
                          help="Show what would change, each step exactly, and change nothing.")
 JobsOpt = typer.Option(0, "--jobs", "-j", min=0, show_default=False,
-                       help="Parallel readers: threads, or worker processes for many small "
+                       help="Parallel readers: threads, and as many worker processes for many small "
                             "files [default: 4 per CPU, at most 16].")
 
 

@@ -641,6 +641,8 @@ def _batch(worker: FileCopier, batch: list[Item]) -> list[tuple[int, Done]]:
     """Copy, link or check each file of a batch (in a thread or a worker process)."""
     out = []
     for i, kind, e, known in batch:
+        if worker.stop.is_set():   # another file failed, or Ctrl-C: this batch is void
+            raise InterruptedError("stopped")
         if kind == COPY:
             out.append((i, worker.copy(e)))
         elif kind == LINK:

@@ -10,12 +10,16 @@ this path on XFS and on ext4 (bench/bench_copy.py measures the copy; BENCHMARKS.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import multiprocessing
 import os
 import stat
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,22 +50,48 @@ def large_streams() -> int:
 
 class Limiter:
     """One byte-rate limit shared by all threads and worker processes (like rsync's
-    --bwlimit): its clock lives in shared memory, forked along with the copy."""
+    --bwlimit). Its clock lives in shared memory, forked along with the copy; a thread
+    lock orders the threads of one process and a POSIX record lock (lockf) the
+    processes, which the kernel releases when a process dies holding it (a worker
+    killed mid-take must not stall the others)."""
 
     def __init__(self, rate: int):
-        ctx = multiprocessing.get_context("fork")
         self.rate = rate
-        self.lock = ctx.Lock()
-        self.next = ctx.RawValue("d", time.monotonic())   # CLOCK_MONOTONIC: one clock
-                                                          # for every process
+        self.lock = threading.Lock()
+        # CLOCK_MONOTONIC is one clock for every process
+        self.next = multiprocessing.get_context("fork").RawValue("d", time.monotonic())
+        self._file = tempfile.TemporaryFile()
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self.lock:
+            fcntl.lockf(self._file, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.lockf(self._file, fcntl.LOCK_UN)
 
     def take(self, n: int) -> None:
-        with self.lock:
+        with self._locked():
             now = time.monotonic()
             start = max(self.next.value, now)
             self.next.value = start + n / self.rate
         if start > now:
             time.sleep(start - now)
+
+
+class Flag:
+    """A stop flag every worker process sees: one shared byte, set once, read without a
+    lock (threading.Event would stay unset in the processes forked before it was set)."""
+
+    def __init__(self) -> None:
+        self._value = multiprocessing.get_context("fork").RawValue("B", 0)
+
+    def set(self) -> None:
+        self._value.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
 
 
 class _Changed(Exception):
@@ -80,7 +110,7 @@ class FileCopier:
     owner: tuple[int, int] | None = None
     limiter: Limiter | None = None
     meter: NullMeter = field(default_factory=NullMeter)
-    stop: threading.Event = field(default_factory=threading.Event)
+    stop: Flag = field(default_factory=Flag)
     recopied: int = 0                   # --checksum found these changed
     _local: threading.local = field(default_factory=threading.local)
     _lock: threading.Lock = field(default_factory=threading.Lock)

@@ -12,9 +12,10 @@ to this process, which alone journals and shows progress; the rate limit's clock
 shared memory. Large files stay with the
 threads, whose progress shows within a file.
 
-The processes are forked before any of the copy's threads start, ignore Ctrl-C (this
-process stops the copy and keeps what is journaled), and die with this process: a copy
-killed outright leaves no worker writing into its staging folder.
+The processes are forked while the copy has no other thread, ignore Ctrl-C (this
+process stops the copy, and the shared stop flag stops them at the next file), and die
+with this process: a copy killed outright leaves no worker writing into its staging
+folder.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import ctypes
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -66,14 +69,7 @@ class Lanes:
 
     def __init__(self, worker: FileCopier, run: RunBatch, threads: int, procs: int):
         self.worker, self.run = worker, run
-        self.procs: ProcessPoolExecutor | None = None
-        if procs:
-            self.procs = ProcessPoolExecutor(
-                procs, mp_context=multiprocessing.get_context("fork"),
-                initializer=_start_child, initargs=(worker, run, os.getpid()))
-            # With fork the executor starts every process at its first task: all of them
-            # now, before this copy starts a thread that a fork could catch mid-step.
-            self.procs.submit(int).result()
+        self.procs = _fork(worker, run, procs) if procs and _alone() else None
         self.threads = ThreadPoolExecutor(max_workers=threads,
                                           thread_name_prefix="hotcache-copy")
 
@@ -108,6 +104,43 @@ def worker_died(exc: BaseException) -> HotcacheError | None:
                               "files are not copied again")
 
 
+def _alone(wait: float = 5.0) -> bool:
+    """Whether this thread is, or soon becomes, the process's only one: a fork copies
+    only the forking thread, and another thread holding a lock at that moment (stderr's,
+    an import's) would leave it held in every worker. Short-lived threads (the CLI's
+    preload) are waited for; where others stay (an application that embeds the copy),
+    the copy keeps to threads."""
+    deadline = time.monotonic() + wait
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+    return threading.active_count() == 1
+
+
+def _fork(worker: FileCopier, run: RunBatch, procs: int) -> ProcessPoolExecutor | None:
+    """The worker processes, all forked now (with fork the executor starts every one at
+    its first task), before this copy starts a thread. Ctrl-C is held back meanwhile, so
+    it finds every worker ignoring it. A fork that fails (a container's process limit)
+    kills those already forked and leaves the copy to threads."""
+    pool = ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("fork"),
+                               initializer=_start_child, initargs=(worker, run, os.getpid()))
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        pool.submit(int).result()
+        return pool
+    except (OSError, BrokenProcessPool) as exc:
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.kill()
+            proc.join()
+        pool.shutdown(wait=True, cancel_futures=True)
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        worker.meter.note(f"warning: worker processes could not start ({why}); copying "
+                          "with threads")
+        return None
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 # ---------------------------------------------------------------- in a worker process
 
 _child: tuple[FileCopier, RunBatch] | None = None
@@ -117,6 +150,7 @@ def _start_child(worker: FileCopier, run: RunBatch, parent: int) -> None:
     """Runs first in each worker process (arguments inherited through fork, not pickled)."""
     global _child
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the copy's to handle
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})   # blocked by _fork
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:   # the copy died before the line above

@@ -20,7 +20,10 @@ import pytest
 
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.hotcopy import copier, filecopy, lanes
+from hotcache.provision.cli.app import app
+from hotcache.provision.system import meter as meter_module
 from hotcache.provision.system.meter import NullMeter, RichMeter
+from typer.testing import CliRunner
 from tests.helpers import hotcache_json
 from tests.unit.hotcopy.test_copy import make_dataset, sha256sum_check, tree
 
@@ -264,22 +267,91 @@ def test_a_copy_killed_outright_takes_its_workers_with_it_and_resumes(tmp_path,
     assert tree(dest) == tree(src) and sha256sum_check(dest).returncode == 0
 
 
-def test_the_workers_are_forked_before_any_thread_starts(env, monkeypatch):
+def test_the_workers_are_forked_while_no_other_thread_runs(env, monkeypatch):
     """A fork copies only the forking thread: another thread holding a lock then (the
-    progress bar's, writing to stderr) would leave that lock held in every worker."""
+    progress bar's, writing to stderr; the CLI's preload, importing) would leave that
+    lock held in every worker. Through the CLI, and with the bar a terminal gets."""
     src, dest = env
     seen = []
-    real = lanes.Lanes.__init__
+    real_fork = os.fork
 
-    def recording(self, *args):
-        seen.append([t.name for t in threading.enumerate()])
-        real(self, *args)
+    def recording():
+        seen.append(sorted(t.name for t in threading.enumerate()))
+        return real_fork()
 
-    monkeypatch.setattr(lanes.Lanes, "__init__", recording)
-    meter = RichMeter()                    # the bar a terminal gets
-    try:
-        copier.copy(src, dest, copier.CopyOptions(), meter=meter)
-    finally:
-        meter.stop()
-    assert seen == [[threading.main_thread().name]]
+    monkeypatch.setattr(os, "fork", recording)
+    monkeypatch.setattr(meter_module, "for_terminal", lambda quiet=False: RichMeter())
+    res = CliRunner().invoke(app, ["copy", str(src), str(dest), "--jobs", "2"])
+    assert res.exit_code == 0, res.output
+    assert seen == [[threading.main_thread().name]] * 2
     assert tree(dest) == tree(src)
+
+
+def test_a_copy_beside_other_threads_keeps_to_threads(env, tmp_path, monkeypatch):
+    src, dest = env
+    monkeypatch.setattr(lanes, "_alone", lambda wait=5.0: False)   # an app's own threads
+    pid_log(monkeypatch, tmp_path / "pids")
+    copier.copy(src, dest, copier.CopyOptions())
+    assert set(copied_by(tmp_path / "pids").values()) == {os.getpid()}
+    assert tree(dest) == tree(src)
+
+
+def test_a_fork_that_fails_leaves_no_worker_and_the_copy_to_threads(env, tmp_path,
+                                                                     monkeypatch):
+    src, dest = env
+    real_fork, forks = os.fork, []
+
+    def third_fails():
+        forks.append(1)
+        if len(forks) == 3:                # a container's process limit
+            raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", third_fails)
+    pid_log(monkeypatch, tmp_path / "pids")
+    meter = Recording()
+    notes = []
+    meter.note = notes.append
+    copier.copy(src, dest, copier.CopyOptions(jobs=4), meter=meter)
+    assert len(forks) == 3
+    assert set(copied_by(tmp_path / "pids").values()) == {os.getpid()}
+    assert tree(dest) == tree(src) and sha256sum_check(dest).returncode == 0
+    assert not [pid for pid in _children(os.getpid()) if _alive(pid)]
+    assert any("worker processes could not start" in n for n in notes)
+
+
+def test_a_failed_file_stops_the_other_workers_at_their_next_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(lanes, "MANY", 8)
+    src = make_dataset(tmp_path / "src", classes=("a",), n=400, size=100)
+    log = tmp_path / "pids"
+    real = filecopy.FileCopier.copy
+
+    def slow_or_failing(self, e):
+        if e.rel == "a/000.jpg":
+            raise OSError(errno.EIO, os.strerror(errno.EIO), e.rel)
+        time.sleep(0.05)
+        fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.write(fd, f"{os.getpid()} {e.rel}\n".encode())
+        os.close(fd)
+        return real(self, e)
+
+    monkeypatch.setattr(filecopy.FileCopier, "copy", slow_or_failing)
+    with pytest.raises(HotcacheError, match="a/000.jpg"):
+        copier.copy(src, tmp_path / "dest", copier.CopyOptions(jobs=2))
+    # Without a stop the other worker would finish its batch of 64 files and the ones
+    # queued behind it.
+    assert len(log.read_text().splitlines()) < 32
+    assert not [pid for pid in _children(os.getpid()) if _alive(pid)]
+
+
+def test_a_worker_killed_while_it_holds_the_rate_limit_stalls_nobody(tmp_path):
+    limiter = filecopy.Limiter(1 << 30)
+    pid = os.fork()
+    if pid == 0:                           # a worker killed inside take()
+        with limiter._locked():
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+    taker = threading.Thread(target=limiter.take, args=(1,), daemon=True)
+    taker.start()
+    taker.join(30)
+    assert not taker.is_alive(), "take() waits on a lock a dead process held"
