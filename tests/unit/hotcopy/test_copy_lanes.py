@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -20,14 +21,19 @@ import pytest
 
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.hotcopy import copier, filecopy, lanes
-from hotcache.provision.cli.app import app
-from hotcache.provision.system import meter as meter_module
-from hotcache.provision.system.meter import NullMeter, RichMeter
-from typer.testing import CliRunner
+from hotcache.provision.system.meter import NullMeter
 from tests.helpers import hotcache_json
 from tests.unit.hotcopy.test_copy import make_dataset, sha256sum_check, tree
 
 BIG = 2 << 20   # over lanes.SMALL: a thread's
+
+
+@pytest.fixture(autouse=True)
+def forking(monkeypatch):
+    """Fork even though the test session has threads of its own (CI boots its guests
+    from threads meanwhile): copies in this process would otherwise keep to threads.
+    The test of that rule runs a copy in a fresh interpreter."""
+    monkeypatch.setattr(lanes, "_alone", lambda wait=5.0: True)
 
 
 @pytest.fixture
@@ -37,6 +43,9 @@ def env(tmp_path, monkeypatch):
     src = make_dataset(tmp_path / "src", n=20, size=3000)
     (src / "big.bin").write_bytes(os.urandom(BIG))
     return src, tmp_path / "dest"
+
+
+real_alone = lanes._alone
 
 
 def pid_log(monkeypatch, log: Path) -> None:
@@ -267,31 +276,48 @@ def test_a_copy_killed_outright_takes_its_workers_with_it_and_resumes(tmp_path,
     assert tree(dest) == tree(src) and sha256sum_check(dest).returncode == 0
 
 
-def test_the_workers_are_forked_while_no_other_thread_runs(env, monkeypatch):
+FORKS_SEEN = """
+import json, os, sys, threading
+from hotcache.provision.hotcopy import lanes
+from hotcache.provision.system import meter
+lanes.MANY = 8
+seen, fork = [], os.fork
+def recording():
+    seen.append(sorted(t.name for t in threading.enumerate()))
+    return fork()
+os.fork = recording
+meter.for_terminal = lambda quiet=False: meter.RichMeter()   # the bar a terminal gets
+sys.argv = ["hotcache", "copy", *sys.argv[1:]]
+from hotcache.provision.cli.app import main
+try:
+    main()
+finally:
+    print(json.dumps(seen))
+"""
+
+
+def test_the_workers_are_forked_while_no_other_thread_runs(env):
     """A fork copies only the forking thread: another thread holding a lock then (the
     progress bar's, writing to stderr; the CLI's preload, importing) would leave that
-    lock held in every worker. Through the CLI, and with the bar a terminal gets."""
+    lock held in every worker. The CLI in a fresh interpreter, with a terminal's bar."""
     src, dest = env
-    seen = []
-    real_fork = os.fork
-
-    def recording():
-        seen.append(sorted(t.name for t in threading.enumerate()))
-        return real_fork()
-
-    monkeypatch.setattr(os, "fork", recording)
-    monkeypatch.setattr(meter_module, "for_terminal", lambda quiet=False: RichMeter())
-    res = CliRunner().invoke(app, ["copy", str(src), str(dest), "--jobs", "2"])
-    assert res.exit_code == 0, res.output
-    assert seen == [[threading.main_thread().name]] * 2
+    done = subprocess.run([sys.executable, "-c", FORKS_SEEN, str(src), str(dest), "--jobs",
+                           "2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [["MainThread"]] * 2
     assert tree(dest) == tree(src)
 
 
 def test_a_copy_beside_other_threads_keeps_to_threads(env, tmp_path, monkeypatch):
     src, dest = env
-    monkeypatch.setattr(lanes, "_alone", lambda wait=5.0: False)   # an app's own threads
+    monkeypatch.setattr(lanes, "_alone", lambda wait=5.0: real_alone(0.0))  # no 5 s wait
+    stop = threading.Event()
+    threading.Thread(target=stop.wait, name="an application's own").start()
     pid_log(monkeypatch, tmp_path / "pids")
-    copier.copy(src, dest, copier.CopyOptions())
+    try:
+        copier.copy(src, dest, copier.CopyOptions())
+    finally:
+        stop.set()
     assert set(copied_by(tmp_path / "pids").values()) == {os.getpid()}
     assert tree(dest) == tree(src)
 
@@ -316,7 +342,7 @@ def test_a_fork_that_fails_leaves_no_worker_and_the_copy_to_threads(env, tmp_pat
     assert len(forks) == 3
     assert set(copied_by(tmp_path / "pids").values()) == {os.getpid()}
     assert tree(dest) == tree(src) and sha256sum_check(dest).returncode == 0
-    assert not [pid for pid in _children(os.getpid()) if _alive(pid)]
+    assert multiprocessing.active_children() == []
     assert any("worker processes could not start" in n for n in notes)
 
 
@@ -341,7 +367,7 @@ def test_a_failed_file_stops_the_other_workers_at_their_next_file(tmp_path, monk
     # Without a stop the other worker would finish its batch of 64 files and the ones
     # queued behind it.
     assert len(log.read_text().splitlines()) < 32
-    assert not [pid for pid in _children(os.getpid()) if _alive(pid)]
+    assert multiprocessing.active_children() == []
 
 
 def test_a_worker_killed_while_it_holds_the_rate_limit_stalls_nobody(tmp_path):
