@@ -79,17 +79,41 @@ def stable_links(links: list[str]) -> list[str]:
                   if not os.path.basename(link).startswith(NOT_IDENTITY))
 
 
-def links_to(name: str, host: Host) -> list[str]:
+def _link_target(link: str) -> str:
+    """The kernel name a /dev/disk/by-id link names. udev writes them as ../../NAME, to
+    the node itself: one readlink and one lstat answer, where resolving every component
+    took most of the time a probe of all the host's devices spent in Python."""
+    try:
+        target = os.path.join(os.path.dirname(link), os.readlink(link))
+    except OSError:
+        return os.path.basename(os.path.realpath(link))
+    if os.path.islink(target):
+        return os.path.basename(os.path.realpath(target))
+    return os.path.basename(os.path.normpath(target))
+
+
+def links_by_name(host: Host) -> dict[str, list[str]]:
+    """kernel name -> the /dev/disk/by-id links that name it now, sorted."""
     d = host.roots.by_id
-    if not d.is_dir():
-        return []
-    return sorted(f"/dev/disk/by-id/{p.name}" for p in d.iterdir()
-                  if os.path.basename(os.path.realpath(p)) == name)
+    try:
+        entries = sorted(os.listdir(d))
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    out: dict[str, list[str]] = {}
+    for entry in entries:
+        out.setdefault(_link_target(os.path.join(d, entry)), []).append(f"/dev/disk/by-id/{entry}")
+    return out
 
 
-def hardware(name: str, host: Host) -> tuple[int, dict, list[str], str | None]:
+def links_to(name: str, host: Host) -> list[str]:
+    return links_by_name(host).get(name, [])
+
+
+def hardware(name: str, host: Host, links: dict[str, list[str]] | None = None
+             ) -> tuple[int, dict, list[str], str | None]:
     """(size, identity keys, stable by-id links, loop backing file) of kernel device
-    `name`, from sysfs and udev's properties (no subprocess)."""
+    `name`, from sysfs and udev's properties (no subprocess). `links`: links_by_name(host),
+    read once by a caller that looks at every device."""
     roots = host.roots
     base = roots.sys_block / name
     size = int(_read(base / "size") or 0) * 512
@@ -108,7 +132,7 @@ def hardware(name: str, host: Host) -> tuple[int, dict, list[str], str | None]:
     }
     loop_file = _read(base / "loop" / "backing_file")
     return size, {k: v for k, v in ident.items() if v is not None}, \
-        stable_links(links_to(name, host)), loop_file
+        stable_links(links_to(name, host) if links is None else links.get(name, [])), loop_file
 
 
 def probe(name: str, host: Host, *, signatures: bool = True) -> Seen:
@@ -212,10 +236,14 @@ def all_devices(host: Host) -> list[str]:
 
 def candidates(recorded: dict, host: Host) -> list[str]:
     """Kernel names worth probing for the recorded device: those whose size and hardware
-    identity do not already rule them out (no subprocess)."""
+    identity do not already rule them out (no subprocess). A device of size 0 (a loop
+    device with no image, a drive with no medium) holds nothing to find."""
     out = []
+    by_id = links_by_name(host)
     for name in all_devices(host):
-        size, ident, links, loop_file = hardware(name, host)
+        size, ident, links, loop_file = hardware(name, host, by_id)
+        if size == 0:
+            continue
         seen = Seen(f"/dev/{name}", size, links, ident, loop_file)
         v = compare(recorded, seen)
         if not v.conflict:

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from hotcache.provision import mapping
+from hotcache.provision.backends.parts.recorded import locate
 from hotcache.provision.backends.dmcache import DmCache
 from hotcache.provision.engine.apply import Device, plan_apply
 from hotcache.provision.engine.restore import plan_restore
@@ -113,6 +114,30 @@ def test_restore_refuses_naming_both_when_a_bystander_took_the_ssd_name(host, en
     assert "virtio-ssd1" in text and "not present under any name" in text, text
     assert err.value.exit_code == ExitCode.REFUSED
     assert host.runner.recorded == []
+
+
+def test_a_device_of_size_zero_is_not_probed_while_looking_for_a_missing_one(host, env,
+                                                                          monkeypatch):
+    """The SSD is gone: every device that could be it is read, but a loop device with no
+    image (size 0) holds nothing, and reading it would only cost a blkid per loop
+    device on every command."""
+    host.disk("vdc", "hdd1", 1024, type="bcache", uuid="bdev-uuid")
+    host.disk("vdb", None, 64)          # no serial, the SSD's size: it could be the SSD
+    host.disk("loop0", None, 0)
+    spec = dict(SPEC, backend="bcache")
+    save(env, c1=entry(spec=spec, backend_state={
+        "cset_uuid": "cset", "cache_uuid": "cache-uuid", "backing_uuid": "bdev-uuid"}))
+    asked, query = [], host.runner.query
+
+    def recording(argv, **kwargs):
+        asked.append([str(a) for a in argv])
+        return query(argv, **kwargs)
+
+    monkeypatch.setattr(host.runner, "query", recording)
+    found = locate(mapping.load(env.state)["caches"]["c1"], "cache", host)
+    assert found.node is None, found
+    probed = {argv[-1] for argv in asked if argv[0] == "blkid"}
+    assert "/dev/vdb" in probed and "/dev/loop0" not in probed, probed
 
 
 def test_apply_of_a_built_cache_never_replays_wipe(host, env):
