@@ -4,10 +4,25 @@ on its own (`pytest tests/vm/test_guest_kernel.py`), not only when the guest fol
 conftest happens to be collected first."""
 
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    """SIGTERM (`.ci/run` stopping the guest tier early) ends the session as Ctrl-C
+    does, through pytest_sessionfinish, which powers off the guests: QEMU runs under
+    `timeout` in a process group of its own, which the signal does not reach."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupted)
 
 
 def pytest_collection_finish(session):

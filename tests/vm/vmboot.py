@@ -18,8 +18,9 @@ VENV = REPO / ".venv"
 QEMU_VIRTIOFSD = Path("/usr/lib/qemu/virtiofsd")
 
 
-# Guests booting now (boots may run in threads, side by side).
+# Guests booting now (boots may run in threads, side by side); once stopped, no new one.
 RUNNING: set[subprocess.Popen] = set()
+STOPPED = False
 
 
 def kernel() -> str | None:
@@ -63,6 +64,8 @@ def boot(command: str, rwdir: Path, qemu_drives: str, timeout: int,
             "--disable-kvm", "--run", str(kernel()), "--cpus", str(cpus), "--memory", "1G",
             "--rwdir", str(rwdir), f"--qemu-opts={qemu_drives}",  # one word: starts with -
             "--exec", command]
+    if STOPPED:
+        return subprocess.CompletedProcess(argv, 1, "not booted: the session is stopping\n")
     path = [*virtiofsd_shim(), str(VENV / "bin"), os.environ.get("PATH", "")]
     env = {**os.environ, "PATH": ":".join(path)}
     with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -78,6 +81,8 @@ def boot(command: str, rwdir: Path, qemu_drives: str, timeout: int,
 
 def stop_all() -> None:
     """Power off every guest still booting (`timeout` passes SIGTERM on to QEMU): a test
-    session that ends early does not leave them running."""
+    session that ends early does not leave them running, nor boots the next one."""
+    global STOPPED
+    STOPPED = True
     for proc in list(RUNNING):
         proc.terminate()
