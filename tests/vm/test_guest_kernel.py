@@ -1,15 +1,19 @@
 """The real-kernel tier: boot the stock Debian kernel under QEMU (TCG, via virtme-ng)
-with two virtio disks, an "SSD" and an "HDD", run the guest tests inside it with the
+with virtio disks (an "SSD", an "HDD", ...), run the guest tests inside it with the
 project's venv, and report every guest case here, one host test each.
 
-Two boots per session on the same fresh sparse images: the first runs
-guest/guest_backends.py and ends in a power cut during hot copies (guest/powercut.py),
-the second (the reboot) runs guest/guest_reboot.py.
+Three chains of two boots each, side by side, each on fresh sparse images of its own:
+- the backends: guest/guest_backends.py, then a reboot into guest/guest_reboot.py. Its
+  cases run in two chains: lvmcache's (the slowest) in one, bcache's, dm-cache's and the
+  power cut during hot copies (guest/powercut.py, after the first boot) in the other;
+- storage safety: guest/guest_safety.py, then guest/guest_safety_reboot.py with the disks
+  in another order.
 A guest that cannot boot fails these tests; it never skips them.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import shutil
@@ -40,16 +44,17 @@ def kernel() -> str:
 
 
 def boot(workdir: Path, guest_module: str, report: str, then: str = "",
-         disks: tuple[str, ...] | None = None) -> tuple[int, str]:
+         disks: tuple[str, ...] | None = None, cases: str = "") -> tuple[int, str]:
     """One guest boot running pytest on `guest_module`, then the guest script `then`
     (its output in OUT/<script>.log); returns (status, console log). `disks`: image
     names in workdir, in the order they become vda, vdb... (serial = name); default the
-    ssd and hdd pair."""
+    ssd and hdd pair. `cases`: a pytest -k expression, the chain's share of the module."""
     out = workdir / "out"
     persist = out / "persist"
     persist.mkdir(parents=True, exist_ok=True)
     python = VENV / "bin" / "python"
-    select = os.environ.get("HOTCACHE_VM_K")       # develop one case: a short boot
+    # HOTCACHE_VM_K: develop one case, a short boot
+    select = " and ".join(f"({k})" for k in (cases, os.environ.get("HOTCACHE_VM_K")) if k)
     pick = f"-k {shlex.quote(select)} " if select else ""
     # HOTCACHE_VM_TRACE=1: each guest command timed, in OUT/<report>.trace
     trace = f"HOTCACHE_VM_TRACE={out / (report + '.trace')} " \
@@ -89,13 +94,14 @@ def results(xml: Path) -> dict[str, str | None]:
     return out
 
 
-def guest_boots(work: Path) -> dict:
-    """The backends boot, ending in a power cut, then the reboot, on one ssd/hdd pair."""
+def backend_boots(work: Path, cases: str, then: str = "") -> dict:
+    """The backends boot (then the guest script `then`), then the reboot, on one
+    ssd/hdd pair, running the cases that the -k expression `cases` selects."""
     for name, mib in (("ssd", SSD_MIB), ("hdd", HDD_MIB)):
         with open(work / f"{name}.img", "wb") as f:
             f.truncate(mib * 2**20)
-    return run_boots(work, [("guest_backends.py", "boot1.xml", "powercut.py", None),
-                            ("guest_reboot.py", "boot2.xml", "", None)])
+    return run_boots(work, [("guest_backends.py", "boot1.xml", then, None),
+                            ("guest_reboot.py", "boot2.xml", "", None)], cases)
 
 
 def safety_boots(work: Path) -> dict:
@@ -109,48 +115,74 @@ def safety_boots(work: Path) -> dict:
                             ("guest_safety_reboot.py", "safety2.xml", "", SAFETY_ORDERS[1])])
 
 
-CHAINS = {"guest": guest_boots, "safety_guest": safety_boots}
+# The backends' cases in two chains: lvmcache's (its parametrized cases and those named
+# after it) take about as long as bcache's and dm-cache's together. chain -> (-k
+# expression, guest script after the first boot); the expressions are complements, so
+# every backend case runs in exactly one chain (tests/vm/test_chains.py).
+BACKEND_CHAINS = {"backends": ("not lvmcache", "powercut.py"), "lvmcache": ("lvmcache", "")}
+# The chains behind each session fixture, one worker thread each.
+CHAINS = {"guest": {chain: functools.partial(backend_boots, cases=cases, then=then)
+                    for chain, (cases, then) in BACKEND_CHAINS.items()},
+          "safety_guest": {"safety": safety_boots}}
 # Boot chains started when collection ends (tests/vm/conftest.py), so that the guests
-# boot while the host tiers run: both are mostly one busy thread each, and the session
-# then waits for the slowest of them rather than for their sum.
+# boot while the host tiers run: each is mostly one busy thread, and the session then
+# waits for the slowest of them rather than for their sum.
 EARLY: dict[str, Future] = {}
 
 
 def start_early(names, tmp_path_factory) -> None:
-    pool = ThreadPoolExecutor(max_workers=len(CHAINS), thread_name_prefix="guest-boot")
-    for name in sorted(set(names) & set(CHAINS)):
-        if name not in EARLY:
-            EARLY[name] = pool.submit(CHAINS[name], tmp_path_factory.mktemp(name))
+    wanted = {chain: run for name in sorted(set(names) & set(CHAINS))
+              for chain, run in CHAINS[name].items() if chain not in EARLY}
+    if not wanted:
+        return
+    pool = ThreadPoolExecutor(max_workers=len(wanted), thread_name_prefix="guest-boot")
+    for chain, run in wanted.items():
+        EARLY[chain] = pool.submit(run, tmp_path_factory.mktemp(chain))
     pool.shutdown(wait=False)
 
 
-def chain(name: str, tmp_path_factory) -> dict:
+def chains(name: str, tmp_path_factory) -> dict:
+    """The merged report of the boot chains behind session fixture `name`."""
     if not shutil.which("qemu-system-x86_64"):
         pytest.fail("qemu-system-x86_64 is missing: run .ci/install")
     if not (VENV / "bin" / "vng").exists():
         pytest.fail(f"{VENV}/bin/vng is missing: run .ci/install (virtme-ng is a dev extra)")
-    found = EARLY[name].result() if name in EARLY else \
-        CHAINS[name](tmp_path_factory.mktemp(name))
-    sys.stderr.write(found["log_tail"])
-    return found
+    reports = [EARLY[chain].result() if chain in EARLY else
+               run(tmp_path_factory.mktemp(chain)) for chain, run in CHAINS[name].items()]
+    for found in reports:
+        sys.stderr.write(found["log_tail"])
+    return merge(reports)
+
+
+def merge(reports: list[dict]) -> dict:
+    """One report from the chains' reports; `twice`: the cases more than one reported."""
+    merged: dict = {"results": {}, "problems": [], "workdir": [], "log_tail": "",
+                    "twice": []}
+    for found in reports:
+        merged["twice"] += sorted(set(merged["results"]) & set(found["results"]))
+        merged["results"].update(found["results"])
+        merged["problems"] += found["problems"]
+        merged["workdir"].append(str(found["workdir"]))
+        merged["log_tail"] += found["log_tail"]
+    return merged
 
 
 @pytest.fixture(scope="session")
 def guest(tmp_path_factory):
-    return chain("guest", tmp_path_factory)
+    return chains("guest", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def safety_guest(tmp_path_factory):
-    return chain("safety_guest", tmp_path_factory)
+    return chains("safety_guest", tmp_path_factory)
 
 
-def run_boots(work: Path, boots) -> dict:
+def run_boots(work: Path, boots, cases: str = "") -> dict:
     found: dict[str, str | None] = {}
     problems = []
     tail = ""
     for module, report, then, disks in boots:
-        rc, console = boot(work, module, report, then, disks)
+        rc, console = boot(work, module, report, then, disks, cases)
         xml = work / "out" / report
         if not xml.exists():
             log = work / "out" / (report + ".log")
@@ -175,11 +207,12 @@ SAFETY_IDS = [f"guest_safety.py::{case}" for case in SAFETY_BOOT1] + \
 @pytest.mark.parametrize("boots, listed", [("guest", IDS), ("safety_guest", SAFETY_IDS)])
 def test_guest_report_is_exactly_the_listed_cases(request, boots, listed):
     """The guest's reports and cases.py name the same cases: a guest test that is not
-    listed (and so would fail unseen) or a listed one that never reports fails here.
-    With HOTCACHE_VM_K (a development boot) the guest runs a subset of the list."""
+    listed (and so would fail unseen), a listed one that never reports, or one that two
+    boot chains both ran, fails here. With HOTCACHE_VM_K (a development boot) the guest runs a subset of the list."""
     guest = request.getfixturevalue(boots)
     if guest["problems"]:
         pytest.fail("\n".join(guest["problems"]))
+    assert not guest["twice"], f"guest cases run by two boot chains: {guest['twice']}"
     reported = set(guest["results"])
     unlisted = sorted(reported - set(listed))
     assert not unlisted, f"guest cases missing from tests/vm/cases.py: {unlisted}"
@@ -200,7 +233,8 @@ def test_storage_safety_in_guest_kernel(safety_guest, case):
 def expect(guest: dict, case: str) -> None:
     if case not in guest["results"]:
         why = "\n".join(guest["problems"]) or "it did not run (an earlier guest case stopped the run)"
-        pytest.fail(f"{case}: no result from the guest: {why}\n(logs in {guest['workdir']})")
+        logs = ", ".join(guest["workdir"])
+        pytest.fail(f"{case}: no result from the guest: {why}\n(logs in {logs})")
     failure = guest["results"][case]
     if failure is not None:
         pytest.fail(f"{case} failed in the guest kernel:\n{failure}")

@@ -1,0 +1,44 @@
+"""How the guest tier splits its backend cases between boot chains, checked on the host
+without a guest: pytest's own collection, with each chain's -k expression, shares the
+listed cases out so that each runs in exactly one chain; a merged report names a case
+that two chains both ran."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import test_guest_kernel as tier
+import vmboot
+
+
+def collected(expression: str) -> set[str]:
+    """The guest backend and reboot cases that `pytest -k expression` selects."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         "-k", expression, "tests/vm/guest/guest_backends.py", "tests/vm/guest/guest_reboot.py"],
+        cwd=vmboot.REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return {line.rsplit("/", 1)[-1] for line in done.stdout.splitlines() if "::" in line}
+
+
+def test_every_backend_case_runs_in_exactly_one_chain():
+    shares = {chain: collected(cases) for chain, (cases, _) in tier.BACKEND_CHAINS.items()}
+    assert all(shares.values()), shares
+    everything = set().union(*shares.values())
+    assert everything == set(tier.IDS), sorted(everything ^ set(tier.IDS))
+    assert sum(len(s) for s in shares.values()) == len(everything), shares
+    # the power cut is checked in the chain whose first boot ends in it
+    (cut,) = [c for c, (_, then) in tier.BACKEND_CHAINS.items() if then == "powercut.py"]
+    assert "guest_reboot.py::test_hot_copies_survive_the_power_cut" in shares[cut]
+
+
+def test_a_case_two_chains_ran_is_named():
+    def report(work: str, **results) -> dict:
+        return {"results": results, "problems": [], "workdir": work, "log_tail": ""}
+
+    merged = tier.merge([report("/a", x=None, y=None), report("/b", y="failed", z=None)])
+    assert merged["twice"] == ["y"]
+    assert merged["results"] == {"x": None, "y": "failed", "z": None}
+    assert merged["workdir"] == ["/a", "/b"]
+    assert tier.merge([report("/a", x=None), report("/b", z=None)])["twice"] == []
