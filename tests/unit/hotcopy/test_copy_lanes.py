@@ -365,8 +365,8 @@ def test_a_failed_file_stops_the_other_workers_at_their_next_file(tmp_path, monk
     with pytest.raises(HotcacheError, match="a/000.jpg"):
         copier.copy(src, tmp_path / "dest", copier.CopyOptions(jobs=2))
     # Without a stop the other worker would finish its batch of 64 files and the ones
-    # queued behind it.
-    assert len(log.read_text().splitlines()) < 32
+    # queued behind it. On a loaded machine it may not have started one (no log at all).
+    assert len(log.read_text().splitlines() if log.exists() else []) < 32
     assert multiprocessing.active_children() == []
 
 
