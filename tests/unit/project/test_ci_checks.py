@@ -1,6 +1,7 @@
 """`.ci/run` lints and type-checks provision/ and adapters/ before the host tiers, a
-finding fails the run (and stops the guest tier it started), and mypy sees the two
-folders under the package names Python imports them by."""
+finding fails the run (and stops the guest tier it started), its tiers side by side
+cover every test folder once, and mypy sees the two folders under the package names
+Python imports them by."""
 
 from __future__ import annotations
 
@@ -10,20 +11,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def function(lines: list[str], name: str) -> list[str]:
+    """The body of shell function `name` in `lines`."""
+    body = lines[lines.index(f"{name}() {{") + 1:]
+    return body[:body.index("}")]
+
+
 def test_ci_runs_ruff_and_mypy_on_both_packages_before_the_tests():
     lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert "set -euo pipefail" in lines[:lines.index("lint() {")]     # a finding stops the run
-    body = lines[lines.index("lint() {"):lines.index("}")]
-    ruff = body.index(".venv/bin/ruff check provision adapters")
-    mypy = body.index(".venv/bin/mypy -p hotcache.provision -p hotcache.adapters")
+    lint = function(lines, "lint")
+    ruff = lint.index(".venv/bin/ruff check provision adapters")
+    mypy = lint.index(".venv/bin/mypy -p hotcache.provision -p hotcache.adapters")
     assert ruff < mypy
-    # each pytest run (one tier, the host tiers) comes after a lint
-    runs = [i for i, line in enumerate(lines) if "-m pytest" in line and "-ra tests/vm" not in line]
-    assert runs and all("lint" in lines[i - 1] or "lint" in lines[i - 2] for i in runs), runs
-    # the guest tier, started before the lint, is stopped when the run stops early
-    guest = next(i for i, line in enumerate(lines) if "-m pytest -ra tests/vm" in line)
-    trap = next(i for i, line in enumerate(lines) if line.startswith("trap ") and "EXIT" in line)
-    assert guest < trap < runs[-1] and "kill -TERM" in lines[trap]
+    assert any("-m pytest" in line for line in function(lines, "start"))
+    # one tier: lint, then pytest
+    branch = lines[lines.index("if (($#)); then"):lines.index("fi")]
+    assert branch.index("lint") < next(i for i, line in enumerate(branch) if "-m pytest" in line)
+    # the whole run: every tier it runs (in the foreground or started in the
+    # background) comes after a lint, but the guest tier's, which is stopped when the
+    # run stops early
+    whole = lines[lines.index("fi"):]
+    functions = {i for start, line in enumerate(whole) if line.endswith("() {")
+                 for i in range(start, whole.index("}", start) + 1)}
+    lint = whole.index("lint")
+    runs = [i for i, line in enumerate(whole) if i not in functions and
+            line.startswith(("start ", ".venv/bin/python -m pytest"))]
+    guest = whole.index("start guest-kernel tests/vm")
+    assert all(lint < i for i in runs if i != guest), runs
+    trap = next(i for i, line in enumerate(whole) if line.startswith("trap ") and
+                line.endswith(" EXIT") and line != "trap - EXIT")
+    assert trap < guest < lint
+    assert any("kill -TERM" in line for line in function(lines, whole[trap].split()[1]))
+    # the foreground run leaves out exactly the tiers started beside it
+    (host,) = [whole[i] for i in runs if whole[i].startswith(".venv/bin/python -m pytest")]
+    ignored = set(re.findall(r"--ignore=(\S+)", host))
+    started = {whole[i].split()[2] for i in runs if whole[i].startswith("start ")}
+    assert ignored == started == {"tests/vm", "tests/unit"}
 
 
 def test_mypy_path_maps_the_package_names_to_the_folders():
