@@ -58,10 +58,6 @@ def make_venv(path: Path) -> Path:
     return path / "bin"
 
 
-# The users' frameworks go in with --no-compile: nothing here imports them, and
-# byte-compiling their thousands of modules was most of an install's CPU time.
-
-
 def pip(bindir: Path, *args) -> None:
     subprocess.run([bindir / "python", "-m", "pip", "--disable-pip-version-check", "--quiet",
                     *map(str, args)], check=True, timeout=1200)
@@ -99,7 +95,8 @@ def test_wheel_metadata_leaves_the_frameworks_to_the_user(wheel):
 
 
 # Other builds than the CI's own (.ci/constraints.txt: torch 2.13.0+cpu, tensorflow-cpu
-# 2.21.0), as a training image brings them.
+# 2.21.0), as a training image brings them. They go in with --no-compile: nothing here
+# imports them, and byte-compiling their thousands of modules costs CPU for nothing.
 USERS_TORCH = "torch==2.14.1"
 USERS_TF = "tensorflow==2.20.0"
 
