@@ -11,6 +11,7 @@ between the pages lead to files and headings that exist.
 
 from __future__ import annotations
 
+import codecs
 import importlib.util
 import json
 import re
@@ -197,13 +198,22 @@ def python_problems(words: list[str], cwd: Path) -> list[str]:
         if spec is None:
             return [f"no module {args[1]}"]
         return script_problems(Path(spec.origin), options)
+    if args[:1] == ["-c"]:      # the code compiles; bash's $'...' arrives as $ and escapes
+        code = args[1]
+        if code.startswith("$"):
+            code = codecs.decode(code[1:], "unicode_escape")
+        try:
+            compile(code, "-c", "exec")
+        except SyntaxError as e:
+            return [f"python -c code does not compile: {e}"]
+        return []
     if args and args[0] in USER_FILES:
         return []
     return script_problems(cwd / args[0], options)
 
 
 def command_problems(words: list[str], cwd: Path) -> tuple[list[str], Path]:
-    while words and (re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]) or words[0] == "sudo"):
+    while words and (re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]) or words[0] in ("sudo", "time")):
         words = words[1:]
     if not words:
         return [], cwd
