@@ -710,6 +710,10 @@ def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old,
     mode when they were made). The manifest is written before the journal is dropped: a
     failure here resumes, not starts over."""
     manifest.write(staging.fd, _pairs(sel.entries, digests), owner)
+    # As the files are now (a source touched after the walk was copied as it was then
+    # opened); the staging folder is root's 0700, so nobody can swap a path in it.
+    manifest.write_mtimes(staging.fd, (os.stat(rel, dir_fd=staging.fd, follow_symlinks=False)
+                                       .st_mtime_ns for rel in sel.entries.rels()), owner)
     meta = {
         "format": FORMAT, "complete": True, "name": name, "version": str(version),
         "source": str(src), "files": len(sel.entries), "bytes": sel.bytes, "hash": "sha256",

@@ -3,6 +3,7 @@ adapters (which may read it, never write it). Standard library only.
 
 A published hot copy is a directory DEST holding the copied files plus:
   SHA256SUMS           `sha256sum -c SHA256SUMS` (run inside DEST) checks every file
+  .hotcache-mtimes     each file's mtime in nanoseconds, in the manifest's order
   .hotcache-copy.json  metadata: {"format": 1, "complete": true, "name", "version",
                        "source", "files", "bytes", "hash": "sha256", "copied_at",
                        "verified_at", "verify_ok", "tool_version"}
@@ -30,9 +31,13 @@ from hotcache.provision.errors import UsageError
 FORMAT = 1
 MANIFEST = "SHA256SUMS"
 METADATA = ".hotcache-copy.json"
+# Each file's modification time (ns) as copied, one a line in the manifest's order: the
+# default verify compares them, so a file rewritten in place at the same size is caught
+# without hashing (rsync's quick check, size and mtime).
+MTIMES = ".hotcache-mtimes"
 METADATA_LIMIT = 2**20     # a copy's metadata is a few KiB; a bigger file is not one
 STAGING_SUFFIX = ".hotcache-staging"
-RESERVED = {MANIFEST, METADATA}
+RESERVED = {MANIFEST, METADATA, MTIMES}
 
 
 def home(dest: Path) -> Path:

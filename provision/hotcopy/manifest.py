@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
+from array import array
 from collections.abc import Iterable, Iterator
 
-from hotcache.provision.hotcopy.format import MANIFEST
+from hotcache.provision.hotcopy.format import MANIFEST, MTIMES
 from hotcache.provision.hotcopy.format import iter_manifest as iter_lines
 from hotcache.provision.hotcopy.format import read_manifest as read
 from hotcache.provision.system import beneath
 
-__all__ = ["iter_lines", "line", "lines", "read", "text", "write"]
+__all__ = ["iter_lines", "line", "lines", "read", "read_mtimes", "text", "write",
+           "write_mtimes"]
 
 _ESCAPES = {"\\": "\\\\", "\n": "\\n", "\r": "\\r"}
 
@@ -46,21 +49,53 @@ def lines(pairs: Iterable[tuple[str, str]]) -> Iterator[bytes]:
 def write(dirfd: int, pairs: Iterable[tuple[str, str]],
           owner: tuple[int, int] | None = None) -> None:
     """SHA256SUMS in the folder `dirfd`, written line by line as `pairs` come (a copy of
-    millions of files never holds its manifest whole), the way beneath.write_file
+    millions of files never holds its manifest whole)."""
+    _write_stream(dirfd, MANIFEST, lines(pairs), owner)
+
+
+def write_mtimes(dirfd: int, mtimes: Iterable[int],
+                 owner: tuple[int, int] | None = None) -> None:
+    """The copy's file mtimes (ns), one a line, in the manifest's order."""
+    _write_stream(dirfd, MTIMES, (b"%d\n" % m for m in mtimes), owner)
+
+
+def read_mtimes(dirfd: int) -> array | None:
+    """The mtimes the copy recorded, or None for a copy made before they were kept (or
+    whose list cannot be read as one)."""
+    try:
+        fd = os.open(MTIMES, beneath.READ_FLAGS | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return None
+    out = array("q")
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        os.set_blocking(fd, True)
+        try:
+            for raw in f:
+                out.append(int(raw))
+        except (ValueError, OverflowError):
+            return None
+    return out
+
+
+def _write_stream(dirfd: int, name: str, chunks: Iterable[bytes],
+                  owner: tuple[int, int] | None) -> None:
+    """`name` in the folder `dirfd`, written as `chunks` come, the way beneath.write_file
     writes a file: a new temp file (O_EXCL, no symlink followed), owner and mode on its
     descriptor, fsync'd, renamed over, folder fsync'd."""
-    tmp = f".{MANIFEST}.{os.getpid()}.tmp"
+    tmp = f".{name}.{os.getpid()}.tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp, dir_fd=dirfd)
     fd = beneath.open_at(dirfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb", closefd=False) as f:
-            f.writelines(lines(pairs))
+            f.writelines(chunks)
         if owner:
             os.fchown(fd, *owner)
         os.fchmod(fd, 0o644)
         os.fsync(fd)
-        os.rename(tmp, MANIFEST, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=dirfd)

@@ -1,10 +1,19 @@
 """`hotcache verify`: is the hot copy still exactly what was copied?
 
-fast    every manifest file is there, is a regular file, nothing extra, total bytes match
+fast    every manifest file is there, is a regular file, nothing extra, total bytes
+        match, and each file's mtime is the one the copy recorded (.hotcache-mtimes): a
+        file rewritten in place at the same size is caught without hashing
 sample  fast, plus the sha256 of N files picked at random
 full    fast, plus the sha256 of every file (in parallel threads)
 
-The result (verified_at, verify_ok) goes into the copy's metadata and the mapping.
+The result (verified_at, verify_ok) goes into the copy's metadata and the mapping. A
+weaker check never clears what a stronger one found: after a failed `full` (or
+`sample`), a passing `fast` leaves the copy failed, until a `full` pass or a refresh
+(`hotcache copy`). Any passing check of a copy not failed by a stronger one gives
+"verified" (node labels, Slurm features, the TaskProlog's DATA_ROOT).
+
+The inode change time is not compared: a refresh links unchanged files into the new
+version and later removes the old one, and both change the shared files' ctime.
 """
 
 from __future__ import annotations
@@ -24,8 +33,8 @@ from hotcache.provision.hotcopy import manifest
 from hotcache.provision.system import beneath
 from hotcache.provision.errors import HotcacheError, UsageError
 from hotcache.provision.hotcopy.filecopy import default_jobs
-from hotcache.provision.hotcopy.format import (MANIFEST, METADATA, RESERVED, STAGING_SUFFIX,
-                                               read_metadata)
+from hotcache.provision.hotcopy.format import (MANIFEST, METADATA, MTIMES, RESERVED,
+                                               STAGING_SUFFIX, read_metadata)
 from hotcache.provision.system.clock import now
 from hotcache.provision.system.chunks import CHUNK, sha256_of
 from hotcache.provision.system.meter import NullMeter
@@ -81,8 +90,8 @@ def hash_files(root_fd: int, pairs: Iterable[tuple[str, str]], jobs: int,
     return problems
 
 
-def _present(root_fd: int, top: str = "") -> Iterator[tuple[str, int]]:
-    """(rel, size) of every file in DEST in path order (the manifest's), one at a time,
+def _present(root_fd: int, top: str = "") -> Iterator[tuple[str, int, int]]:
+    """(rel, size, mtime_ns) of every file in DEST in path order (the manifest's), one at a time,
     except hotcache's own (and, on a mountpoint, lost+found and an unfinished refresh's
     staging folder); other kinds (symlinks, FIFOs) get size -1 so that they count as
     wrong. Folders are opened beneath their parent with no symlink followed; one that is
@@ -100,18 +109,18 @@ def _present(root_fd: int, top: str = "") -> Iterator[tuple[str, int]]:
     for key, name, st in listed:
         rel = f"{top}/{name}" if top else name
         if not key.endswith("/"):
-            yield rel, st.st_size if stat.S_ISREG(st.st_mode) else -1
+            yield rel, st.st_size if stat.S_ISREG(st.st_mode) else -1, st.st_mtime_ns
             continue
         try:
             sub = beneath.open_at(root_fd, name, beneath.DIR)
         except OSError:
-            yield rel, -1
+            yield rel, -1, 0
             continue
         try:
             if beneath.same(os.fstat(sub), st):
                 yield from _present(sub, rel)
             else:
-                yield rel, -1
+                yield rel, -1, 0
         finally:
             os.close(sub)
 
@@ -155,7 +164,10 @@ def _verify(dest, root, meta, mode, sample, jobs, meter, state, record) -> dict:
     missing: list[str] = []
     extra: list[str] = []
     odd: list[str] = []
+    touched: list[dict] = []
     sizes = array("q")        # per manifest line: the file's size here, -1 if unusable
+    seen = array("q")         # and its mtime here (0 if missing)
+    mtimes = manifest.read_mtimes(root)
     total = 0
     have = _present(root)
     cur = next(have, None)
@@ -167,12 +179,19 @@ def _verify(dest, root, meta, mode, sample, jobs, meter, state, record) -> dict:
         if cur is not None and cur[0] == rel:
             size = cur[1]
             total += max(size, 0)
-            cur = next(have, None)
             if size < 0:
                 odd.append(rel)
+            elif mtimes is not None and len(sizes) < len(mtimes) \
+                    and cur[2] != mtimes[len(sizes)]:
+                touched.append({"path": rel, "problem": (
+                    f"modified since it was copied (mtime {_when(cur[2])}, the copy "
+                    f"recorded {_when(mtimes[len(sizes)])}): rewritten in place?")})
+            seen.append(cur[2])
+            cur = next(have, None)
         else:
             missing.append(rel)
             size = -1
+            seen.append(0)
         sizes.append(size)
     while cur is not None:
         extra.append(cur[0])
@@ -181,7 +200,11 @@ def _verify(dest, root, meta, mode, sample, jobs, meter, state, record) -> dict:
     problems: list[dict] = [{"path": r, "problem": "missing"} for r in missing]
     problems += [{"path": r, "problem": "not in the manifest"} for r in extra]
     problems += [{"path": r, "problem": "not a regular file"} for r in odd]
+    problems += touched
     files = len(sizes)
+    if mtimes is not None and len(mtimes) != files:
+        problems.append({"path": MTIMES, "problem": f"lists {len(mtimes)} mtimes for "
+                         f"{files} files"})
     if files != meta.get("files"):
         problems.append({"path": MANIFEST, "problem": f"lists {files} files, the "
                          f"metadata says {meta.get('files')}"})
@@ -208,25 +231,73 @@ def _verify(dest, root, meta, mode, sample, jobs, meter, state, record) -> dict:
 
     meter.start(f"verify {dest.name} ({mode})", sum(sizes[i] for i, _r, _d in chosen()),
                 count)
-    problems.extend(hash_files(root, ((r, d) for _i, r, d in chosen()), jobs, meter))
-    ok = not problems
+    hashed = hash_files(root, ((r, d) for _i, r, d in chosen()), jobs, meter)
+    # A full check hashes every file: its hashes, not mtimes, say which changed. Else a
+    # file whose bytes differ is named once, by its hash.
+    wrong = {p["path"] for p in hashed}
+    problems = [p for p in problems
+                if p not in touched or (mode != "full" and p["path"] not in wrong)]
+    problems.extend(hashed)
+    held = _held_failure(meta, mode) if not problems else None
+    if held:
+        problems.append({"path": ".", "problem": held})
     report = {"path": str(dest), "name": meta.get("name"), "version": meta.get("version"),
               "mode": mode, "files": files, "bytes": total, "hashed_files": count,
-              "ok": ok, "problems": problems, "verified_at": now(), "recorded": False}
+              "ok": not problems, "problems": problems, "verified_at": now(),
+              "mtimes_checked": mtimes is not None, "recorded": False}
     if record:
-        report["recorded"] = _store_outcome(dest, root, meta, report, state)
+        report["recorded"] = _store_outcome(dest, root, meta, report, state, bool(held))
+        if report["recorded"] and mode == "full" and report["ok"]:
+            # Every byte proven: the mtimes as they are now become the record (a file
+            # touched but unchanged, or a copy made before mtimes were kept). One
+            # changed after it was hashed has a newer mtime, which the next check sees.
+            st = os.stat(METADATA, dir_fd=root, follow_symlinks=False)
+            manifest.write_mtimes(root, seen, (st.st_uid, st.st_gid)
+                                  if os.geteuid() == 0 else None)
     return report
 
 
-def _store_outcome(dest: Path, root: int, meta: dict, report: dict, state: Path | None) -> bool:
-    """Store the outcome in the metadata (and the mapping); a read-only copy is fine."""
+STRENGTH = {"fast": 0, "sample": 1, "full": 2}
+
+
+def strength(mode: str | None) -> int:
+    """How much a check proves: fast < sample < full (the copy's own read-back is full)."""
+    return STRENGTH.get((mode or "fast").split()[0], 0)
+
+
+def _held_failure(meta: dict, mode: str) -> str | None:
+    """Why a passing `mode` check cannot clear the copy: an earlier, stronger check
+    failed it (None when nothing stronger stands against it)."""
+    if meta.get("verify_ok") is not False or strength(meta.get("verify_mode")) <= strength(mode):
+        return None
+    failed = meta.get("verify_failed") or []
+    shown = ", ".join(map(str, failed[:3])) + (", ..." if len(failed) > 3 else "")
+    return (f"the last {meta.get('verify_mode')} check failed ({shown or 'see its report'}); "
+            f"a {mode} check cannot clear that: run `hotcache verify --full`, or "
+            "`hotcache copy` to replace the damaged files")
+
+
+def _when(ns: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _store_outcome(dest: Path, root: int, meta: dict, report: dict, state: Path | None,
+                   held: bool = False) -> bool:
+    """Store the outcome in the metadata (and the mapping); a read-only copy is fine.
+    When `held`, a stronger check's failure stands: its mode and failed paths are
+    kept, only verified_at moves."""
     from hotcache.provision.hotcopy.catalog import record
 
     # The failed paths let the next `hotcache copy` replace those files even when their
     # size and mtime still look right (bit rot, a write that kept the mtime).
-    meta = {**meta, "verified_at": report["verified_at"], "verify_ok": report["ok"],
-            "verify_mode": report["mode"],
-            "verify_failed": [p["path"] for p in report["problems"]]}
+    if held:
+        meta = {**meta, "verified_at": report["verified_at"], "verify_ok": False}
+    else:
+        meta = {**meta, "verified_at": report["verified_at"], "verify_ok": report["ok"],
+                "verify_mode": report["mode"],
+                "verify_failed": [p["path"] for p in report["problems"]]}
     try:   # replaced beneath DEST's descriptor, owner and mode set on the new file's fd
         st = os.stat(METADATA, dir_fd=root, follow_symlinks=False)
         beneath.write_file(root, METADATA, (json.dumps(meta, indent=2) + "\n").encode(),

@@ -31,7 +31,7 @@ def make_dataset(root: Path, classes=("cat", "dog"), n=12, size=3000) -> Path:
     return root
 
 
-def tree(root: Path, skip=(META, "SHA256SUMS")) -> dict[str, bytes]:
+def tree(root: Path, skip=(META, "SHA256SUMS", ".hotcache-mtimes")) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes()
             for p in sorted(root.rglob("*")) if p.is_file() and p.name not in skip}
 
