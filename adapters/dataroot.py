@@ -40,6 +40,7 @@ from .tiered import ENV_COLD, Tiers, count_files
 ENV = "DATA_ROOT"
 ENV_EXPECT = "DATA_ROOT_EXPECT"
 ENV_STATE = "HOTCACHE_STATE"
+ENV_UNSET_REASON = "DATA_ROOT_UNSET_REASON"   # set by hotcache's Slurm TaskProlog
 EXPECT = (None, "hot", "partial", "any")
 DEFAULT_STATE = "/etc/hotcache/mappings.yaml"
 
@@ -193,6 +194,11 @@ def _resolve(default: str | os.PathLike | None) -> tuple[Path, str]:
         tried = [f"{ENV} is unset", f"default={default} -> {Path(default).expanduser().resolve()}"]
         candidate, source = Path(default), "default"
     else:
+        why = os.environ.get(ENV_UNSET_REASON)
+        if why:
+            raise DataRootError(f"{ENV} is not set: {why}",
+                                hint="the node's administrator runs `hotcache verify --full` "
+                                     "or `hotcache copy` to make the hot copy good again")
         raise DataRootError(f"{ENV} is not set and no default was given",
                             hint=f"export {ENV}=/path/to/dataset (the hot copy or the source)")
     path = candidate.expanduser().resolve()
@@ -345,7 +351,9 @@ def data_root(default: str | os.PathLike | None = None, expect: str | None = Non
                "unrecorded": f"holds hot-copy metadata at {root.copy.root}, but the host's "
                              f"mapping records no copy there (not made by hotcache, or "
                              f"replaced since)"}
-        raise DataRootError(f"{ENV} {path} {why[root.copy.state]}, and a hot copy was expected",
+        unset = os.environ.get(ENV_UNSET_REASON) if source != ENV else None
+        raise DataRootError(f"{ENV} {path} {why[root.copy.state]}, and a hot copy was expected"
+                            + (f" ({ENV} is not set: {unset})" if unset else ""),
                             hint="run `hotcache copy` / `hotcache verify`, or unset DATA_ROOT_EXPECT")
     return root
 

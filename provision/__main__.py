@@ -1,3 +1,3 @@
-from hotcache.provision.cli.app import main
+from hotcache.provision.cli import main
 
 main()

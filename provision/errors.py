@@ -103,11 +103,10 @@ class KernelUnsupported(HotcacheError):
 class NotRoot(HotcacheError):
     exit_code = ExitCode.NOT_ROOT
 
-    def __init__(self, command: str):
-        super().__init__(
-            f"`hotcache {command}` changes block devices and mounts, so it must run as root",
-            hint=f"sudo hotcache {command} ...",
-        )
+    def __init__(self, command: str, why: str = "changes block devices and mounts",
+                 hint: str | None = None):
+        super().__init__(f"`hotcache {command}` {why}, so it must run as root",
+                         hint=hint or f"sudo hotcache {command} ...")
 
 
 class OsFailure(HotcacheError):

@@ -17,17 +17,13 @@ from hotcache.provision.errors import UsageError
 from hotcache.provision.records import CacheEntry, ValidationError, problems
 from hotcache.provision.system.atomic import locked, write_atomic
 from hotcache.provision.system.clock import now
+from hotcache.provision.system.statepath import DEFAULT_STATE, state_path  # noqa: F401  (re-exported)
 
 SCHEMA_VERSION = 1
 # libyaml's parser and emitter where PyYAML has them (its wheels do): a command reads the
 # mapping several times, and the pure-Python parser took ten times as long.
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-DEFAULT_STATE = "/etc/hotcache/mappings.yaml"
-
-
-def state_path(option: str | os.PathLike[str] | None = None) -> Path:
-    return Path(option or os.environ.get("HOTCACHE_STATE") or DEFAULT_STATE)
 
 
 def empty() -> dict:

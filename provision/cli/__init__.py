@@ -1,7 +1,30 @@
 """The `hotcache` command: parsing and presentation only. app.py builds the typer app;
 common.py holds the options and output every command shares; one module per group of
-commands (commands, copies, cache, observe, kube), each with `register(app)`."""
+commands (commands, copies, cache, observe, kube, slurm), each with `register(app)`.
 
-from hotcache.provision.cli.app import app, main
+`hotcache slurm task-prolog` runs for every task of every Slurm job, so `main` answers it
+without loading typer (prolog.py); every other command goes through the app."""
 
-__all__ = ["app", "main"]
+from __future__ import annotations
+
+import sys
+
+
+def main() -> None:
+    if sys.argv[1:3] == ["slurm", "task-prolog"]:
+        from hotcache.provision.cli.prolog import fast
+
+        rc = fast(sys.argv[3:])
+        if rc is not None:
+            sys.exit(rc)
+    from hotcache.provision.cli.app import main as full
+
+    full()
+
+
+def __getattr__(name: str):
+    if name == "app":
+        from hotcache.provision.cli.app import app
+
+        return app
+    raise AttributeError(name)

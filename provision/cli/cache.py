@@ -8,7 +8,8 @@ from typing import List, Optional
 import typer
 
 from hotcache.provision.cli.common import (DryRunOpt, FstabOpt, JsonOpt, StateOpt, YesOpt,
-                                           carry_out, holding_state, make_env, need_root)
+                                           carry_out, holding_state, make_env, need_root,
+                                           refresh_index)
 
 
 def register(app: typer.Typer) -> None:
@@ -38,6 +39,8 @@ def restore(
         # Loud at boot: doctor and the metrics report it until a restore succeeds.
         if not dry_run:
             restorelog.record(restored_names(env, names), str(exc))
+            refresh_index(state, fstab)
         raise
     if not dry_run:
         restorelog.record(restored_names(env, names), None)
+        refresh_index(state, fstab)

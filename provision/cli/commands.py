@@ -11,8 +11,8 @@ import typer
 
 from hotcache.provision.cli.common import (DryRunOpt, FstabOpt, JsonOpt, StateOpt, YesOpt,
                                            carry_out, confirm, console, dry_run_report, emit,
-                                           holding_state, make_env, need_root, run_steps,
-                                           show_plan)
+                                           holding_state, make_env, need_root,
+                                           refresh_index, run_steps, show_plan)
 from hotcache.provision.errors import ExitCode
 from hotcache.provision.system.sizes import size
 
@@ -112,6 +112,8 @@ def apply(
     with holding_state(env, f"apply {spec}"):
         carry_out(plan_apply(host, env), env, "apply", yes=yes, as_json=as_json,
                   done="applied; `hotcache status` shows the result", dry_run=dry_run)
+    if not dry_run:
+        refresh_index(state, fstab)
 
 
 def status(
@@ -153,6 +155,11 @@ def status(
 
         raise UsageError(f"--slurm-push describes the whole host, not only cache {name!r}",
                          hint="run `hotcache status --slurm-push` without a cache name")
+    if os.geteuid() != 0:
+        if prometheus is not None or node_labels is not None or slurm_push:
+            need_root("status --prometheus/--node-labels/--slurm-push",
+                      "writes what root proved for the node")
+        return _records_status(path, name, as_json)
     from hotcache.provision.engine.reattach import waiting as waiting_for_ssd
 
     waiting = [w for w in waiting_for_ssd(load(path)) if name is None or w["name"] == name]
@@ -165,6 +172,10 @@ def status(
     if interval:
         rows = _over_interval(rows, path, fstab, name, interval)
     drift = any(not r["ok"] for r in rows)
+    if name is None:     # root (the metrics timer): what jobs and other accounts read
+        from hotcache.provision.observe.verified_index import write as write_index
+
+        write_index(path, rows, load(path)["caches"])
     if prometheus is not None:
         from hotcache.provision.observe.metrics import write_textfile
 
@@ -209,6 +220,37 @@ def status(
                 c.print(f"  [red]problem[/]: {problem}")
     if drift:
         raise typer.Exit(ExitCode.DRIFT)
+
+
+def _records_status(path: Path, name: Optional[str], as_json: bool) -> None:
+    """`status` for an account that is not root: the records' view, never a probe."""
+    from hotcache.provision.mapping import load
+    from hotcache.provision.observe.records_view import view
+
+    if name is not None and name not in load(path)["caches"]:
+        from hotcache.provision.errors import UsageError
+
+        raise UsageError(f"no cache named {name!r} in the mapping {path}",
+                         hint="`hotcache status` without a name lists them all")
+    doc = view(path, name)
+    if as_json:
+        return emit(doc, "status")
+    c = console()
+    c.print(doc["note"], soft_wrap=True)
+    if not doc["caches"]:
+        c.print(f"no caches in {path}")
+    for r in doc["caches"]:
+        c.print(f"[bold]{r['name']}[/] ({r['backend']}, mode {r['mode']}): recorded "
+                f"{r['recorded_state']}")
+        c.print(f"  mounted on {r['mountpoint']}: {'yes' if r['mounted'] else 'no'}, "
+                f"noatime: {'yes' if r['noatime'] else 'no'}")
+        if r["size_bytes"]:
+            c.print(f"  free {size(r['free_bytes'])} of {size(r['size_bytes'])}")
+        for cp in r["verified_copies"]:
+            c.print(f"  verified hot copy {cp['name']} version {cp['version']}: {cp['path']} "
+                    f"(verified {cp['verified_at']})", soft_wrap=True)
+    for note in doc["index_notes"]:
+        c.print(f"  [yellow]not offered[/]: {note}", soft_wrap=True)
 
 
 def _over_interval(rows: list[StatusRow], path, fstab, name,
@@ -279,6 +321,7 @@ def teardown(
         what = f"forget {name}" if forget else f"take {name} down"
         confirm(f"{what} ({len(result.steps)} steps)", yes)
         run_steps(result, env, quiet=as_json)
+    refresh_index(state, fstab)
     if as_json:
         return emit({"changed": True, **result.to_json()}, "teardown")
     console().print(f"[green]done[/]: {name} is " + ("forgotten" if forget else "down"))

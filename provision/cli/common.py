@@ -75,9 +75,20 @@ def preload(*modules: str) -> None:
     threading.Thread(target=load, name="preload").start()
 
 
-def need_root(command: str) -> None:
+def refresh_index(state: Optional[Path], fstab: Optional[Path] = None) -> None:
+    """Root: after a command that changed what is true, rewrite the verified-copies
+    index that jobs and other accounts read (observe/verified_index.py)."""
+    from hotcache.provision.mapping import state_path
+    from hotcache.provision.observe.verified_index import refresh
+
+    warning = refresh(state_path(state and str(state)), fstab)
+    if warning:
+        sys.stderr.write(f"warning: {warning}\n")
+
+
+def need_root(command: str, why: str | None = None, hint: str | None = None) -> None:
     if os.geteuid() != 0:
-        raise NotRoot(command)
+        raise NotRoot(command, why or "changes block devices and mounts", hint=hint)
 
 
 def make_env(state: Optional[Path], fstab_file: Optional[Path], dry_run: bool = False):

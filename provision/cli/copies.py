@@ -8,7 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from hotcache.provision.cli.common import JobsOpt, JsonOpt, StateOpt, console, emit, preload
+from hotcache.provision.cli.common import (JobsOpt, JsonOpt, StateOpt, console, emit, preload,
+                                           refresh_index)
 MetricsDirOpt = typer.Option(
     None, "--metrics-dir", envvar="HOTCACHE_METRICS_DIR", show_envvar=True, metavar="DIR",
     help="While running, publish bytes and files done and left as metrics in DIR (node_"
@@ -110,6 +111,8 @@ def copy(
         result = do_copy(src, dest, opts, meter)
     finally:
         meter.stop()
+    if result.get("changed"):
+        refresh_index(state)
     c = console()
     if as_json:
         return emit(result, "copy")
@@ -158,6 +161,8 @@ def verify(
         report = do_verify(dest, mode, sample or 0, jobs, meter, state)
     finally:
         meter.stop()
+    if report["recorded"]:
+        refresh_index(state)
     c = console()
     if as_json:
         emit(report, "verify")
@@ -301,6 +306,7 @@ def prune(
         for c in doomed:
             p.remove(c, state)
         drop_stale_asides(state)
+        refresh_index(state)
     c_ = console()
     total = sum(c.bytes for c in doomed)
     if as_json:

@@ -35,6 +35,9 @@ def doctor(
     from hotcache.provision.mapping import state_path
     from hotcache.provision.observe.metrics import DEFAULT_UNIT_DIR
 
+    need_root("doctor", "probes block devices (their signatures, the caches' health)",
+              hint="sudo hotcache doctor; without root, `hotcache status` shows what the "
+                   "records say")
     opts = Options(state_path(state and str(state)),
                    fstab_path(str(fstab)) if fstab else None, system_fstab,
                    Path(unit_dir or DEFAULT_UNIT_DIR), min_free, max_age)

@@ -26,13 +26,26 @@ NodeOpt = typer.Option(None, "--node", help="Slurm node name [default: this host
 
 
 def _found(state: Optional[Path], fstab: Optional[Path]) -> list[dict]:
-    from hotcache.provision.engine.status import host_status
-    from hotcache.provision.mapping import load, state_path
-    from hotcache.provision.observe.slurm import features as slurm_features
-    from hotcache.provision.system.runner import Runner
+    """The verified hot copies on this node. Root probes the host (and writes what it
+    found to the verified-copies index); any other account reads that index, checked
+    against the live folders, and never opens a device."""
+    import os
+
+    from hotcache.provision.mapping import state_path
+    from hotcache.provision.observe import verified_index
+    from hotcache.provision.observe.slurm import from_index
 
     path = state_path(state and str(state))
-    return slurm_features(host_status(path, fstab, Runner(), None), load(path)["caches"])
+    if os.geteuid() != 0:
+        return from_index(verified_index.offered(path)[0])
+    from hotcache.provision.engine.status import host_status
+    from hotcache.provision.mapping import load
+    from hotcache.provision.system.runner import Runner
+
+    caches = load(path)["caches"]
+    rows = host_status(path, fstab, Runner(), None)
+    verified_index.write(path, rows, caches)
+    return from_index(verified_index.entries(rows, caches))
 
 
 def features(as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
@@ -97,27 +110,18 @@ def push(node: Optional[str] = NodeOpt,
 
 
 def task_prolog(state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt):
-    """Slurm's TaskProlog: for a job that names its dataset (HOTCACHE_DATASET=name or
-    name@version in its environment, or a --constraint with a hotcache feature), print
-    `export DATA_ROOT=<the verified hot copy>` and `export DATA_ROOT_EXPECT=hot`
-    (DATA_COLD_ROOT and expect=partial for a partial copy). A job that names none gets
-    nothing; one whose dataset has no verified copy here gets DATA_ROOT_EXPECT=hot
-    without DATA_ROOT, so data_root() fails loudly instead of reading the slow origin."""
-    from hotcache.provision.observe.slurm import (choose, is_ours, parse_job_features,
-                                                  task_prolog_lines)
-    from hotcache.provision.system.runner import Runner
+    """Slurm's TaskProlog, run as the job's user: for a job that names its dataset
+    (HOTCACHE_DATASET=name or name@version in its environment, or a --constraint with a
+    hotcache feature), print `export DATA_ROOT=<the verified hot copy>` and `export
+    DATA_ROOT_EXPECT=hot` (DATA_COLD_ROOT and expect=partial for a partial copy). A job
+    that names none gets nothing; one whose dataset has no verified copy here gets
+    DATA_ROOT_EXPECT=hot without DATA_ROOT, and DATA_ROOT_UNSET_REASON, so data_root()
+    fails loudly, naming why, instead of reading the slow origin. It decides from the
+    verified-copies index root writes, checked against the live folders: no device is
+    opened, and it never fails the job (exit 0 whatever it finds)."""
+    from hotcache.provision.observe.slurm import run_task_prolog
 
-    dataset = os.environ.get("HOTCACHE_DATASET") or None
-    wanted: list[str] = []
-    job = os.environ.get("SLURM_JOB_ID")
-    if not dataset and job:
-        out = Runner().query(["scontrol", "show", "job", "-o", job], check=False).stdout
-        wanted = [f for f in parse_job_features(out) if is_ours(f)]
-    if not dataset and not wanted:
-        return
-    copy = choose(_found(state, fstab), wanted, dataset)
-    lines = task_prolog_lines(copy, dataset or ",".join(wanted))
-    sys.stdout.write("".join(line + "\n" for line in lines))
+    sys.stdout.write("".join(line + "\n" for line in run_task_prolog(state, dict(os.environ))))
 
 
 def register(app) -> None:

@@ -12,6 +12,9 @@ share a feature.
 
 Which copies count is decided in one place, `nodelabels.verified_copies` (the same
 copies Kubernetes' node labels report): present, complete, last verification passed.
+Root finds them by probing the host; any other account (the TaskProlog runs as the job's
+user) reads what root last proved from the verified-copies index (verified_index.py),
+checked against the live folders.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import hashlib
 import re
 from typing import TYPE_CHECKING
 
-from hotcache.provision.observe.nodelabels import verified_copies
+from hotcache.provision.observe import verified_index
 
 if TYPE_CHECKING:
     from hotcache.provision.engine.statusrow import StatusRow
@@ -49,17 +52,14 @@ def feature_name(name: str, version) -> str:
 def features(rows: list[StatusRow], caches: dict) -> list[dict]:
     """One entry per verified hot copy: its feature, dataset, version, path and cache,
     plus `source` and `partial` from the copy's metadata (for DATA_COLD_ROOT)."""
-    from pathlib import Path
+    return from_index(verified_index.entries(rows, caches))
 
-    from hotcache.provision.hotcopy.format import read_metadata
 
-    out = []
-    for copy in verified_copies(rows, caches):
-        meta = read_metadata(Path(copy["path"])) or {}
-        out.append({"feature": feature_name(copy["name"], copy["version"]),
-                    "name": copy["name"], "version": copy["version"], "path": copy["path"],
-                    "cache": copy["cache"], "source": meta.get("source"),
-                    "partial": bool(meta.get("partial"))})
+def from_index(found: list) -> list[dict]:
+    """The feature entries of verified-copies index entries (verified_index.py)."""
+    out = [{"feature": feature_name(e["name"], e.get("version")), "name": e["name"],
+            "version": e.get("version"), "path": e["path"], "cache": e.get("cache"),
+            "source": e.get("source"), "partial": bool(e.get("partial"))} for e in found]
     return sorted(out, key=lambda f: (f["feature"], f["path"]))
 
 
@@ -90,9 +90,16 @@ def parse_job_features(text: str) -> list[str]:
     (`Features=a&b|c` with brackets and counts stripped)."""
     for word in text.split():
         key, _, val = word.partition("=")
-        if key == "Features" and val not in ("", "(null)"):
-            return [w for w in re.split(r"[&|,\[\]()*]+", val) if w and not w.isdigit()]
+        if key == "Features":
+            return constraint_features(val)
     return []
+
+
+def constraint_features(expr: str) -> list[str]:
+    """The feature names in a constraint expression (`a&b|c`, `[a*2&b]`, `(null)`)."""
+    if expr in ("", "(null)"):
+        return []
+    return [w for w in re.split(r"[&|,\[\]()*:]+", expr) if w and not w.isdigit()]
 
 
 def choose(found: list[dict], wanted: list[str], dataset: str | None) -> dict | None:
@@ -123,15 +130,18 @@ def _value(text: str) -> str:
     return text
 
 
-def task_prolog_lines(copy: dict | None, asked: str | None) -> list[str]:
+def task_prolog_lines(copy: dict | None, asked: str | None, why: str = "") -> list[str]:
     """What a TaskProlog prints: `export` lines slurmstepd adds to the task's
     environment. With no verified copy for a job that asked for one, DATA_ROOT_EXPECT=hot
-    is still set (and DATA_ROOT left unset) so data_root() fails loudly in the job."""
+    is still set (and DATA_ROOT left unset) so data_root() fails loudly in the job, and
+    DATA_ROOT_UNSET_REASON says why (data_root() names it)."""
     if copy is None:
         if not asked:
             return []
-        return [f"print hotcache: no verified hot copy of {asked} on this node",
-                "export DATA_ROOT_EXPECT=hot"]
+        reason = f"no verified hot copy of {asked} on this node" + (f": {why}" if why else "")
+        reason = " ".join(reason.split())           # one line, whatever the notes held
+        return [f"print hotcache: {reason}", "unset DATA_ROOT",
+                f"export DATA_ROOT_UNSET_REASON={reason}", "export DATA_ROOT_EXPECT=hot"]
     lines = [f"export DATA_ROOT={_value(copy['path'])}"]
     if copy.get("partial") and copy.get("source"):
         lines.append(f"export DATA_COLD_ROOT={_value(copy['source'])}")
@@ -139,6 +149,21 @@ def task_prolog_lines(copy: dict | None, asked: str | None) -> list[str]:
     else:
         lines.append("export DATA_ROOT_EXPECT=hot")
     return lines
+
+
+def why_not(asked: str, notes: list[tuple[str | None, str]]) -> str:
+    """Why `asked` has no copy: the notes on its dataset's stale entries, else those on
+    the index itself (missing, unreadable, not answering)."""
+    asks = asked.split(",")
+    names = {a.partition("@")[0] for a in asks} | set(asks)
+
+    def about(name: str | None) -> bool:     # by dataset name, or by its features
+        return name is not None and (name in names or any(
+            a.startswith(f"{PREFIX}{_part(name, _NAME, r'[^A-Za-z0-9]', 32)}_") for a in asks))
+
+    mine = [text for name, text in notes if about(name)]
+    mine = mine or [text for name, text in notes if name is None]
+    return "; ".join(mine[:3])
 
 
 _FEATURE = re.compile(r"[A-Za-z][A-Za-z0-9_.]{0,62}")
@@ -169,3 +194,46 @@ def push(rows: list[StatusRow], caches: dict, node: str | None = None, dry_run: 
         runner.run(argv)
     return {"node": node, "features": ours, "available": available, "active": active,
             "argv": argv, "dry_run": dry_run}
+
+
+def job_features(env: dict, runner=None) -> list[str]:
+    """hotcache's features in the job's constraint: from SLURM_JOB_CONSTRAINTS where
+    slurmstepd set it, else from `scontrol show job` (an unanswered query: none)."""
+    expr = env.get("SLURM_JOB_CONSTRAINTS")
+    if expr is not None:
+        return [f for f in constraint_features(expr) if is_ours(f)]
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return []
+    from hotcache.provision.errors import HotcacheError
+    from hotcache.provision.system.runner import Runner
+
+    try:
+        out = (runner or Runner(timeout=10)).query(["scontrol", "show", "job", "-o", job],
+                                                   check=False).stdout
+    except (HotcacheError, OSError):
+        return []
+    return [f for f in parse_job_features(out) if is_ours(f)]
+
+
+def run_task_prolog(state, env: dict, runner=None, limit: float | None = None) -> list[str]:
+    """The TaskProlog's lines for a job with environment `env` (as the job's user): from
+    the verified-copies index, checked against the live folders; never a device probe,
+    never an error (a job that named its dataset and cannot have it gets the reason)."""
+    from hotcache.provision.errors import HotcacheError
+    from hotcache.provision.system.statepath import state_path
+
+    dataset = env.get("HOTCACHE_DATASET") or None
+    wanted = [] if dataset else job_features(env, runner)
+    if not dataset and not wanted:
+        return []
+    asked = dataset or ",".join(wanted)
+    try:
+        found, notes = verified_index.offered(
+            state_path(state and str(state)),
+            verified_index.CHECK_SECONDS if limit is None else limit)
+        feats = from_index(found)
+        copy = choose(feats, wanted, dataset)
+        return task_prolog_lines(copy, asked, "" if copy else why_not(asked, notes))
+    except (HotcacheError, OSError) as exc:
+        return task_prolog_lines(None, asked, str(exc).splitlines()[0])

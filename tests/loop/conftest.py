@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from tests.accounts import account, open_sandbox, opt_venv  # noqa: F401  (fixtures of both root tiers)
 from tests.helpers import cleanup
 
 

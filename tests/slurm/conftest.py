@@ -11,11 +11,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.accounts import account, open_sandbox, opt_venv  # noqa: F401  (fixtures)
 from tests.loop.conftest import sandbox  # noqa: F401  (the loop tier's fixture)
 
 SBIN = ("munged", "slurmctld", "slurmd")
@@ -40,14 +42,21 @@ def wait_for(what: str, probe, limit: float = 90.0):
 
 
 class Cluster:
-    def __init__(self, root: Path, state: Path, helpers: list[str]):
+    """`hotcache` is the program the helper scripts run: by default this venv's, through
+    its interpreter (root's jobs only); an installed one (/opt/.../bin/hotcache) as the
+    Ansible role writes the scripts, for ordinary accounts' jobs."""
+
+    def __init__(self, root: Path, state: Path, helpers: list[str],
+                 hotcache: str | None = None):
         self.root, self.node = root, socket.gethostname().split(".")[0]
         self.conf = root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         for d in ("munge", "spool", "state", "log", "jobs"):
             (root / d).mkdir(mode=0o700)
         os.chmod(root, 0o755)
-        hotcache = f"{sys.executable} -m hotcache.provision"
+        os.chmod(root / "munge", 0o755)     # every account's sbatch asks munged
+        os.chmod(root / "jobs", 0o1777)     # job scripts and output of any account
+        hotcache = hotcache or f"{sys.executable} -m hotcache.provision"
         env = f"HOTCACHE_STATE={state} HOTCACHE_FSTAB={state.parent.parent / 'fstab'}"
         self.hotcache_env = {"HOTCACHE_STATE": str(state), "SLURM_CONF": str(self.conf)}
         self.feature_helper = self._script("features.sh", f"exec env {env} {hotcache} slurm features")
@@ -55,8 +64,9 @@ class Cluster:
         self.helpers = helpers
 
     def _script(self, name: str, line: str) -> Path:
+        """As the Ansible role writes them (playbooks/roles/hotcache/tasks/slurm.yml)."""
         path = self.root / name
-        path.write_text(f"#!/bin/sh\n{line}\n")
+        path.write_text(f"#!/bin/sh\n# Installed by hotcache's Ansible role (docs/slurm.md).\n{line}\n")
         path.chmod(0o755)
         return path
 
@@ -143,6 +153,24 @@ PartitionName=hc Nodes=ALL Default=YES MaxTime=5 State=UP
         return subprocess.run(["sbatch", "--parsable", *args], env=self.env,
                               capture_output=True, text=True, cwd=self.root / "jobs")
 
+    def sbatch_as(self, user, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        """sbatch run by `user` (an ordinary account), from the shared jobs folder."""
+        from tests.accounts import run_as
+
+        return run_as(user, ["sbatch", "--parsable", *args],
+                      {"SLURM_CONF": str(self.conf), **(env or {})}, cwd=self.root / "jobs")
+
+    def finished(self, job_id: str) -> str:
+        """Wait for the job to end; its state (COMPLETED, FAILED, ...)."""
+        def ended():
+            for word in self.job(job_id).split():
+                key, _, val = word.partition("=")
+                if key == "JobState" and val not in ("PENDING", "RUNNING", "CONFIGURING",
+                                                     "COMPLETING"):
+                    return val
+            return None
+        return wait_for(f"job {job_id} to end", ended)
+
     def job(self, job_id: str) -> str:
         return subprocess.run(["scontrol", "show", "job", "-o", job_id], env=self.env,
                               capture_output=True, text=True).stdout
@@ -156,12 +184,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.fixture
-def cluster(sandbox, tmp_path_factory):  # noqa: F811
+def _cluster(root: Path, state: Path, hotcache: str | None = None):
+    """A Cluster in `root`, its daemons stopped and `root` removed afterwards."""
     missing = [p for p in SBIN if shutil.which(p) is None]
     assert not missing, f"{missing} not installed: run .ci/install (Debian's slurm-wlm, munge)"
-    root = Path(tmp_path_factory.mktemp("slurm"))
-    made = Cluster(root, sandbox / "state" / "mappings.yaml", [])
+    made = Cluster(root, state, [], hotcache=hotcache)
     try:
         yield made
     finally:
@@ -169,3 +196,17 @@ def cluster(sandbox, tmp_path_factory):  # noqa: F811
             made.stop()
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def user_cluster(open_sandbox, opt_venv):  # noqa: F811
+    """A cluster whose helper scripts run hotcache installed in a root-owned venv on the
+    system Python, in folders every account can reach."""
+    yield from _cluster(Path(tempfile.mkdtemp(prefix="hotcache-slurm-", dir="/tmp")),
+                        open_sandbox / "state" / "mappings.yaml", str(opt_venv / "hotcache"))
+
+
+@pytest.fixture
+def cluster(sandbox, tmp_path_factory):  # noqa: F811
+    yield from _cluster(Path(tmp_path_factory.mktemp("slurm")),
+                        sandbox / "state" / "mappings.yaml")
