@@ -20,6 +20,8 @@ class ExitCode:
     TIMEOUT = 8         # a bounded wait (flush, device to appear) ran out
     UNHEALTHY = 9       # doctor: the host has problems (each printed with its fix)
     OS_ERROR = 10       # the operating system refused a call (permission, full disk, I/O)
+    INTERRUPTED = 130   # Ctrl-C (SIGINT): 128 + the signal's number, as a shell reports it
+    TERMINATED = 143    # SIGTERM (systemd stopping a unit, a timeout): 128 + 15
 
 
 class HotcacheError(Exception):
@@ -42,6 +44,31 @@ class HotcacheError(Exception):
             "hint": self.hint,
             "exit_code": self.exit_code,
         }
+
+
+class Interrupted(BaseException):
+    """Ctrl-C (SIGINT) or SIGTERM arrived while a command ran: raised in the main thread by
+    the handler the CLI installs (cli/app.py). A BaseException, as KeyboardInterrupt is, so
+    that no `except Exception` swallows it and every `finally` and `except BaseException`
+    on the way out runs (a copy journals what it finished and leaves its staging folder
+    to resume); not a KeyboardInterrupt, which typer turns into a silent exit before the
+    CLI can say what happened. Reported like a HotcacheError."""
+
+    CODES = {"SIGINT": ExitCode.INTERRUPTED, "SIGTERM": ExitCode.TERMINATED}
+    message = "interrupted; run the same command again to finish"
+    hint = None
+
+    def __init__(self, signal_name: str):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+        self.exit_code = self.CODES.get(signal_name, ExitCode.FAILED)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def to_json(self) -> dict:
+        return {"error": type(self).__name__, "message": self.message, "hint": self.hint,
+                "exit_code": self.exit_code, "signal": self.signal_name}
 
 
 class SpecError(HotcacheError):

@@ -3,14 +3,19 @@ way (`register(app)`), and main() maps errors to exit codes (errors.py)."""
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 
 import typer
 from typer.exceptions import TyperException
 
 from hotcache.provision.cli import cache, commands, copies, kube, observe, slurm
 from hotcache.provision.cli.common import emit
-from hotcache.provision.errors import ExitCode, HotcacheError, OsFailure, UsageError
+from hotcache.provision.errors import (ExitCode, HotcacheError, Interrupted, OsFailure,
+                                      UsageError)
 
 HELP = {"help_option_names": ["-h", "--help"]}
 
@@ -42,7 +47,7 @@ for _module in (commands, copies, cache, observe, kube, slurm):
     _module.register(app)
 
 
-def fail(err: HotcacheError) -> None:
+def fail(err: HotcacheError | Interrupted) -> None:
     """Report an error the one way: its message (and next step) on stderr, under --json
     also a document of kind "error" on stdout, and its exit code from errors.ExitCode."""
     if "--json" in sys.argv:
@@ -51,10 +56,44 @@ def fail(err: HotcacheError) -> None:
     sys.exit(err.exit_code)
 
 
+def _stop(signum: int, frame: object) -> None:
+    """SIGINT or SIGTERM: stop the command where the main thread is, cleanly (see
+    errors.Interrupted). A second one while it cleans up kills the process at once."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise Interrupted(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def stopping_on_signals() -> Iterator[None]:
+    """Ctrl-C and SIGTERM (systemd stopping a unit, Ansible's or timeout(1)'s limit) end a
+    command as one error: the line on stderr, the --json document, 130 or 143. A signal
+    that was ignored when hotcache started (`cmd &` in a script) stays ignored; the
+    handlers that were there before come back afterwards (main() run by a test)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield       # signals reach the main thread only
+        return
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    if before[signal.SIGINT] is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _stop)
+    if before[signal.SIGTERM] == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _stop)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def main() -> None:
+    with stopping_on_signals():
+        _main()
+
+
+def _main() -> None:
     try:
         rc = app(standalone_mode=False, prog_name="hotcache")
-    except HotcacheError as err:
+    except (HotcacheError, Interrupted) as err:
         fail(err)
     except OSError as exc:      # not foreseen where it happened: no traceback, the fix
         fail(OsFailure.from_os_error(exc))
@@ -72,7 +111,6 @@ def main() -> None:
         else:
             sys.stderr.write(f"Error: {exc.format_message()}\n")
         sys.exit(ExitCode.BAD_INPUT)
-    except KeyboardInterrupt:
-        sys.stderr.write("hotcache: interrupted; run the same command again to finish\n")
-        sys.exit(130)
+    except KeyboardInterrupt:     # Ctrl-C where SIGINT was Python's own (not main's)
+        fail(Interrupted("SIGINT"))
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -12,8 +12,8 @@ to this process, which alone journals and shows progress; the rate limit's clock
 shared memory. Large files stay with the
 threads, whose progress shows within a file.
 
-The processes are forked while the copy has no other thread, ignore Ctrl-C (this
-process stops the copy, and the shared stop flag stops them at the next file), and die
+The processes are forked while the copy has no other thread, ignore Ctrl-C and SIGTERM
+(this process stops the copy, and the shared stop flag stops them at the next file), and die
 with this process: a copy killed outright leaves no worker writing into its staging
 folder.
 """
@@ -40,6 +40,9 @@ SMALL = CHUNK     # a file read in one read is small: it may go to a worker proc
 MANY = 2048       # ... when the copy has at least this many small files (a fork each
                   # costs milliseconds; a few hundred small files are done by then)
 _PR_SET_PDEATHSIG = 1
+# What stops a copy: a terminal's Ctrl-C and systemd's SIGTERM reach every process of the
+# group or unit; this process alone stops the copy.
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 # What a batch returns: the (index, journal line) of each file, the bytes it moved (for
 # the meter) and how many files --checksum found changed.
@@ -119,12 +122,12 @@ def _alone(wait: float = 5.0) -> bool:
 
 def _fork(worker: FileCopier, run: RunBatch, procs: int) -> ProcessPoolExecutor | None:
     """The worker processes, all forked now (with fork the executor starts every one at
-    its first task), before this copy starts a thread. Ctrl-C is held back meanwhile, so
-    it finds every worker ignoring it. A fork that fails (a container's process limit)
+    its first task), before this copy starts a thread. Ctrl-C and SIGTERM are held back
+    meanwhile, so they find every worker ignoring them. A fork that fails (a container's process limit)
     kills those already forked and leaves the copy to threads."""
     pool = ProcessPoolExecutor(procs, mp_context=multiprocessing.get_context("fork"),
                                initializer=_start_child, initargs=(worker, run, os.getpid()))
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         pool.submit(int).result()
         return pool
@@ -149,8 +152,9 @@ _child: tuple[FileCopier, RunBatch] | None = None
 def _start_child(worker: FileCopier, run: RunBatch, parent: int) -> None:
     """Runs first in each worker process (arguments inherited through fork, not pickled)."""
     global _child
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the copy's to handle
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})   # blocked by _fork
+    for sig in _STOP_SIGNALS:       # the copy's to handle
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)   # blocked by _fork
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:   # the copy died before the line above
