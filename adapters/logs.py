@@ -11,11 +11,18 @@ logging (basicConfig, dictConfig, a framework, or a handler of its own on
 `hotcache.adapters`), the lines go through its handlers and levels instead, and this
 handler stands aside.
 
+The standard API controls them: `logging.getLogger("hotcache").setLevel(logging.WARNING)`
+(or "hotcache.adapters") silences the info lines, as for any library; the INFO level
+this module gives its logger while logging is unconfigured stands aside for a level set
+on it or an ancestor.
+
 One environment variable, HOTCACHE_LOG, chooses the form:
     text   key=value lines (the default)
     json   one JSON object per line
     off    no lines (warnings, such as a stale view of the data, still are; the JSON
            lines file of HOTCACHE_TIMING_LOG is still written)
+Any other value is warned about once and the default used: a log setting never stops a
+training job.
 """
 
 from __future__ import annotations
@@ -23,22 +30,34 @@ from __future__ import annotations
 import logging
 import os
 
-from hotcache.provision.errors import UsageError
-
 NAME = "hotcache.adapters"
 ENV = "HOTCACHE_LOG"
 MODES = ("text", "json", "off")
 
 log = logging.getLogger(NAME)
+_warned: set[str] = set()      # HOTCACHE_LOG values already warned about
 
 
 def mode() -> str:
-    """HOTCACHE_LOG, checked: text, json or off."""
+    """HOTCACHE_LOG: text, json or off; another value is warned about (once) and text used."""
     raw = os.environ.get(ENV, "").strip().lower() or "text"
-    if raw not in MODES:
-        raise UsageError(f"{ENV}={os.environ[ENV]!r} is not understood",
-                         hint=f"set {ENV} to one of {', '.join(MODES)}, or unset it")
-    return raw
+    if raw in MODES:
+        return raw
+    if raw not in _warned:
+        _warned.add(raw)        # before logging: the warning's own ready() reads mode()
+        say(logging.WARNING, "%s=%r is not understood; using text (set it to one of %s, "
+            "or unset it)", ENV, os.environ.get(ENV), ", ".join(MODES))
+    return "text"
+
+
+def _level_above() -> int:
+    """The level set on a logger above ours (the "hotcache" logger, say), root left out."""
+    node = log.parent
+    while node is not None and node is not logging.root:
+        if node.level != logging.NOTSET:
+            return node.level
+        node = node.parent
+    return logging.NOTSET
 
 
 def configured() -> bool:
@@ -77,12 +96,14 @@ def ready(logger: logging.Logger | None = None, level: int = logging.INFO
         return logger               # the caller's own logger: its setup, untouched
     if _default not in log.handlers:
         log.addHandler(_default)
-    unconfigured = not configured()
-    if unconfigured and log.level == logging.NOTSET:
-        log.setLevel(logging.INFO)  # the root logger's WARNING would drop the line
+    # The root logger's WARNING would drop an info line nobody asked to drop: INFO on
+    # ours, while logging is unconfigured and no logger above ours has a level of its own.
+    ours = not configured() and _level_above() == logging.NOTSET
+    if ours and log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
         _level_set = True
-    elif not unconfigured and _level_set:
-        log.setLevel(logging.NOTSET)  # configured now: its levels decide
+    elif not ours and _level_set:
+        log.setLevel(logging.NOTSET)  # configured now, or a level set above: it decides
         _level_set = False
     return log
 

@@ -22,13 +22,17 @@ import json
 import logging
 import math
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from time import perf_counter, time
+from typing import Generic, TypeVar
 
 from .logs import log, mode, ready
 from .standin import StandsIn
 
 ENV_LOG = "HOTCACHE_TIMING_LOG"
+RANK_ENV = ("RANK", "LOCAL_RANK")     # torchrun's, Accelerate's and Lightning's
+T = TypeVar("T")
 HIGHLY = 0.20
 MODERATELY = 0.05
 
@@ -76,6 +80,9 @@ class Summary:
     hot_wait_s: float | None = None
     cold_batches: int | None = None
     cold_wait_s: float | None = None
+    # Every rank logs its own lines: which one this is (RANK, LOCAL_RANK), when set.
+    rank: int | None = None
+    local_rank: int | None = None
 
     def to_dict(self) -> dict:
         return {"event": "batch_timing", **asdict(self)}
@@ -97,7 +104,21 @@ class Summary:
             text += (f" hot={self.hot_share:.2f} wait hot={mean(self.hot_wait_s)} "
                      f"({self.hot_batches} batches) cold={mean(self.cold_wait_s)} "
                      f"({self.cold_batches} batches)")
+        if self.rank is not None:
+            text += f" rank={self.rank}"
+        if self.local_rank is not None:
+            text += f" local_rank={self.local_rank}"
         return text
+
+
+def ranks() -> dict[str, int]:
+    """{"rank": RANK, "local_rank": LOCAL_RANK} for those set to an integer."""
+    found = {}
+    for var in RANK_ENV:
+        value = os.environ.get(var, "").strip()
+        if value.lstrip("-").isdigit():
+            found[var.lower()] = int(value)
+    return found
 
 
 def split_stamps(stamps: list | None) -> tuple[list[float] | None, list[tuple[int, int]] | None]:
@@ -142,10 +163,10 @@ def summarize(name: str, epoch: int, first: float | None, waits: list[float], wa
                    ordered[-1] if ordered else 0.0, wall / steps if steps else 0.0, wall,
                    share, verdict(share), loads,
                    per_batch, window,
-                   **(tier_figures(tiers, waits) if tiers else {}))
+                   **(tier_figures(tiers, waits) if tiers else {}), **ranks())
 
 
-class BatchTimer(StandsIn):
+class BatchTimer(StandsIn, Generic[T]):
     """Wrap an iterable; each `iter()` over it is one epoch, timed batch by batch.
 
     log_every: log (and write a JSON line) every N batches; 0 logs only at the end.
@@ -155,10 +176,10 @@ class BatchTimer(StandsIn):
     clock:     seconds, monotonic (perf_counter; tests pass a fake one).
     """
 
-    def __init__(self, iterable, *, name: str = "batches", log_every: int = 100,
+    def __init__(self, iterable: Iterable[T], *, name: str = "batches", log_every: int = 100,
                  log_path: str | os.PathLike | None = None,
                  logger: logging.Logger | None = None, stamped: bool = False,
-                 clock=perf_counter):
+                 clock: Callable[[], float] = perf_counter):
         self.iterable = iterable
         self.clock = clock
         self.name = name
@@ -177,8 +198,12 @@ class BatchTimer(StandsIn):
         self._t_first = self._t_last = self._t_window = 0.0
         self._ended = False    # the last step (after the last batch) is inside the wall time
 
-    def __iter__(self):
-        self.epoch += 1
+    def __iter__(self) -> Iterator[T]:
+        return self.run(self.epoch + 1)
+
+    def run(self, epoch: int) -> Iterator[T]:
+        """One epoch, numbered `epoch`, timed (from the first next() on)."""
+        self.epoch = epoch
         self._reset()
         # tf.data with tiered reads: the pipeline logs each batch's hot count, in order.
         tier_log = getattr(self.iterable, "_hotcache_tiers", None)
@@ -273,6 +298,9 @@ def emit(summary: Summary, *, final: bool, logger: logging.Logger = log, log_pat
             f.write(json.dumps(record) + "\n")
 
 
-def timed(iterable, **options) -> BatchTimer:
-    """`BatchTimer(iterable, **options)`: time every batch fetch of any iterable."""
-    return BatchTimer(iterable, **options)
+def timed(iterable: Iterable[T], *, name: str = "batches", log_every: int = 100,
+          log_path: str | os.PathLike | None = None, logger: logging.Logger | None = None,
+          stamped: bool = False, clock: Callable[[], float] = perf_counter) -> BatchTimer[T]:
+    """`BatchTimer(iterable, ...)`: time every batch fetch of any iterable."""
+    return BatchTimer(iterable, name=name, log_every=log_every, log_path=log_path,
+                      logger=logger, stamped=stamped, clock=clock)

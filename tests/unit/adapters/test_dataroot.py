@@ -228,9 +228,37 @@ def test_hotcache_log_silences_the_lines_or_makes_them_json(roots):
     assert [r["event"] for r in records] == ["data_root", "batch_timing"]
     assert records[0]["path"] == str(roots[1]) and records[1]["batches"] == 3
 
-    bad = run_plain({"DATA_ROOT": str(roots[1]), "HOTCACHE_LOG": "loud"})
-    assert bad.returncode != 0 and "HOTCACHE_LOG='loud'" in bad.stderr
-    assert "text, json, off" in bad.stderr
+
+
+def test_an_unknown_hotcache_log_is_warned_about_once_and_never_stops_the_job(roots):
+    """HOTCACHE_LOG=debug (not one of text, json, off): one warning naming it and the
+    choices, then the default form; data_root() returns and the loop runs."""
+    bad = run_plain({"DATA_ROOT": str(roots[1]), "HOTCACHE_LOG": "debug"})
+    assert bad.returncode == 0, bad.stderr
+    warnings = [line for line in bad.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "HOTCACHE_LOG='debug'" in warnings[0]
+    assert "text, json, off" in warnings[0]
+    assert f"INFO hotcache.adapters: data_root path={roots[1]} " in bad.stderr
+    assert "INFO hotcache.adapters: timing plain epoch=0 batches=3 " in bad.stderr
+
+
+def test_a_level_on_the_hotcache_logger_silences_the_info_lines(roots):
+    """The standard API: a WARNING level on "hotcache" (the package's logger, above
+    "hotcache.adapters") drops the info lines, with or without logging configured."""
+    for setup in ("", "logging.basicConfig(stream=sys.stdout, level=logging.INFO)\n"):
+        quiet = PLAIN_SCRIPT.replace(
+            "root = data_root()", "import logging, sys\n" + setup +
+            "logging.getLogger('hotcache').setLevel(logging.WARNING)\n"
+            "root = data_root()")
+        done = run_plain({"DATA_ROOT": str(roots[1])}, quiet)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "" and done.stderr == "", setup
+    # set after the first line too: the next lines follow it
+    later = PLAIN_SCRIPT.replace(
+        "for batch in", "import logging\n"
+        "logging.getLogger('hotcache').setLevel(logging.WARNING)\nfor batch in")
+    done = run_plain({"DATA_ROOT": str(roots[1])}, later)
+    assert "data_root path=" in done.stderr and "timing" not in done.stderr
 
 
 def test_configured_logging_decides_and_the_default_handler_stands_aside(roots):

@@ -83,6 +83,25 @@ def test_logs_every_n_and_at_end_with_json_lines(tmp_path, monkeypatch, caplog):
     assert sum("timing" in r.getMessage() for r in caplog.records) == 3
 
 
+def test_timing_lines_carry_the_rank_when_it_is_set(tmp_path, monkeypatch, caplog):
+    """Every rank logs its own lines: RANK and LOCAL_RANK (torchrun's) tag the periodic
+    and final lines, text and JSON; without them the lines say nothing of a rank."""
+    caplog.set_level(logging.INFO, logger="hotcache.adapters")
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    consume(timed(range(4), name="t", log_every=2), 0, FakeClock())
+    assert caplog.records and not any("rank=" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    path = tmp_path / "timing.jsonl"
+    consume(timed(range(4), name="t", log_every=2, log_path=path), 0, FakeClock())
+    lines = [r.getMessage() for r in caplog.records if "timing" in r.getMessage()]
+    assert len(lines) == 2 and all(line.endswith(" rank=5 local_rank=1") for line in lines)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["rank"], r["local_rank"]) for r in records] == [(5, 1), (5, 1)]
+
+
 def test_epochs_and_early_break(tmp_path):
     timer = timed([1, 2, 3, 4], log_every=0, log_path=tmp_path / "t.jsonl")
     consume(timer, 0, FakeClock())
