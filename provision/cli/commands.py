@@ -4,6 +4,7 @@ presentation only: the work is in the modules each command imports when it runs.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
@@ -11,7 +12,7 @@ import typer
 
 from hotcache.provision.cli.common import (DryRunOpt, FstabOpt, JsonOpt, StateOpt, YesOpt,
                                            carry_out, confirm, console, dry_run_report, emit,
-                                           holding_state, make_env, need_root,
+                                           holding_state, make_env, need_root, print_table,
                                            refresh_index, run_steps, show_plan)
 from hotcache.provision.errors import ExitCode
 from hotcache.provision.system.sizes import size
@@ -42,21 +43,16 @@ def devices(
     rows = discover(include_empty_loops=all_)
     if as_json:
         return emit({"devices": rows, "root": os.geteuid() == 0}, "devices")
-    from rich.table import Table
-
-    table = Table("device", "size", "kind", "model / serial", "by-id", "signatures",
-                  "mounted", "safe")
-    for d in rows:
-        sigs = ",".join(sorted({s.get("type", "?") for s in d["signatures"]})) or "-"
-        table.add_row(d["node"], size(d["size"]), d["kind"],
-                      " / ".join(x for x in (d["model"], d["serial"]) if x) or "-",
-                      "\n".join(os.path.basename(b) for b in d["by_id"]) or "-", sigs,
-                      ",".join(d["mountpoints"]) or "-",
-                      "yes" if d["safe"] else "no: " + "; ".join(d["problems"]))
-    c = console()
-    c.print(table)
-    if os.geteuid() != 0:
-        c.print("[yellow]note[/]: not root, so on-disk signatures could not be read")
+    print_table(
+        ("device", "size", "kind", "model / serial", "by-id", "signatures", "mounted", "safe"),
+        ((d["node"], size(d["size"]), d["kind"],
+          " / ".join(x for x in (d["model"], d["serial"]) if x) or "-",
+          [os.path.basename(b) for b in d["by_id"]] or "-",
+          ",".join(sorted({s.get("type", "?") for s in d["signatures"]})) or "-",
+          ",".join(d["mountpoints"]) or "-",
+          "yes" if d["safe"] else "no: " + "; ".join(d["problems"])) for d in rows))
+    if os.geteuid() != 0:       # on stderr: stdout holds the rows alone
+        sys.stderr.write("note: not root, so on-disk signatures could not be read\n")
 
 
 def plan(

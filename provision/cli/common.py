@@ -9,8 +9,10 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import sys
 import threading
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -55,6 +57,37 @@ def console():
     from rich.console import Console
     # soft_wrap: a long path is never cut into two lines (piped output is 80 columns wide).
     return Console(highlight=False, soft_wrap=True)
+
+
+Cell = str | Sequence[str]      # one value, or several (a device's by-id links)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def print_table(columns: Sequence[str], rows: Iterable[Sequence[Cell]]) -> None:
+    """A table on stdout, never cut. On a terminal: rich's, folding a long cell over
+    lines instead of ending it with an ellipsis, several values one a line. Anywhere
+    else (a pipe, a file, a log), as lsblk, lvs and kubectl do: a header line and one line
+    a row, whole, its cells separated by tabs and several values by commas, control
+    characters written as \\xNN, so that `cut -f3` or `awk -F'\\t'` read it."""
+    if not sys.stdout.isatty():
+        def plain(cell: Cell) -> str:
+            text = cell if isinstance(cell, str) else ",".join(cell)
+            return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+        out = ["\t".join(columns)]
+        out += ["\t".join(plain(cell) for cell in row) for row in rows]
+        sys.stdout.write("\n".join(out) + "\n")
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(*columns)
+    for column in table.columns:
+        column.overflow = "fold"
+    for row in rows:      # Text: a path with [brackets] is not markup
+        table.add_row(*(Text(cell if isinstance(cell, str) else "\n".join(cell))
+                        for cell in row))
+    console().print(table)
 
 
 def preload(*modules: str) -> None:

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from hotcache.provision.cli.common import (JobsOpt, JsonOpt, StateOpt, console, emit, preload,
-                                           refresh_index)
+                                           print_table, refresh_index)
 MetricsDirOpt = typer.Option(
     None, "--metrics-dir", envvar="HOTCACHE_METRICS_DIR", show_envvar=True, metavar="DIR",
     help="While running, publish bytes and files done and left as metrics in DIR (node_"
@@ -239,15 +239,11 @@ def copies(
         return emit({"copies": rows}, "copies")
     if not rows:
         return c.print("no hot copies found; `hotcache copy SRC DEST` makes one")
-    from rich.table import Table
-
     from hotcache.provision.system.sizes import size
 
-    table = Table("name", "version", "path", "files", "bytes", "last verified", "state")
-    for r in rows:
-        table.add_row(r["name"] or "-", r["version"] or "-", r["path"], str(r["files"] or "-"),
-                      size(r["bytes"]), r["verified_at"] or "never", r["state"])
-    c.print(table)
+    print_table(("name", "version", "path", "files", "bytes", "last verified", "state"),
+                ((r["name"] or "-", r["version"] or "-", r["path"], str(r["files"] or "-"),
+                  size(r["bytes"]), r["verified_at"] or "never", r["state"]) for r in rows))
 
 
 def prune(
