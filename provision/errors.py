@@ -72,18 +72,26 @@ class Interrupted(BaseException):
 
 
 class SpecError(HotcacheError):
-    """The host spec (or an option) is invalid. `problems` lists 'yaml.path: what' lines."""
+    """The host spec (or an option) is invalid. `problems` lists 'yaml.path: what' lines;
+    `locations` the (line, column) in the file of each, where it is known, shown as
+    `file:line:col:` before it."""
 
     exit_code = ExitCode.BAD_INPUT
 
-    def __init__(self, source: str, problems: list[str], *, hint: str | None = None):
+    def __init__(self, source: str, problems: list[str], *, hint: str | None = None,
+                 locations: list[tuple[int, int] | None] | None = None):
         self.source = source
         self.problems = problems
-        lines = "\n".join(f"  {p}" for p in problems)
-        super().__init__(f"{source}: invalid host spec\n{lines}", hint=hint)
+        self.locations = list(locations or [None] * len(problems))
+        lines = "\n".join(f"  {source}:{at[0]}:{at[1]}: {p}" if at else f"  {p}"
+                          for p, at in zip(problems, self.locations))
+        many = f" ({len(problems)} problems)" if len(problems) > 1 else ""
+        super().__init__(f"{source}: invalid host spec{many}\n{lines}", hint=hint)
 
     def to_json(self) -> dict:
-        return {**super().to_json(), "problems": self.problems}
+        return {**super().to_json(), "problems": self.problems,
+                "locations": [{"line": at[0], "column": at[1]} if at else None
+                              for at in self.locations]}
 
 
 class UsageError(HotcacheError):

@@ -56,7 +56,7 @@ def devices(
 
 
 def plan(
-    spec: Path = typer.Argument(..., help="Host spec (YAML)."),
+    spec: Path = typer.Argument(..., help="Host spec (YAML); - reads it from stdin."),
     dataset: List[Path] = typer.Option([], "--dataset", metavar="PATH",
                                        help="A dataset to be cached: compare its size with "
                                             "each cache's fast tier (repeatable)."),
@@ -91,7 +91,7 @@ def plan(
 
 
 def apply(
-    spec: Path = typer.Argument(..., help="Host spec (YAML)."),
+    spec: Path = typer.Argument(..., help="Host spec (YAML); - reads it from stdin."),
     yes: bool = YesOpt, dry_run: bool = DryRunOpt, as_json: bool = JsonOpt,
     state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
 ):

@@ -2,21 +2,24 @@
 
 Two passes. The structural pass (pydantic) checks types, required fields and unknown
 keys; the semantic pass checks the host (devices exist, names and mountpoints unique,
-options that make sense together). Every problem is reported as `yaml.path: what`, all
-at once, so a spec can be fixed in one go. Nothing here touches the host's state.
+options that make sense together) on what the structural pass accepted, even where it
+refused other parts. Every problem is reported as `yaml.path: what` at its
+`file:line:col` (specsource.py), all at once, so a spec can be fixed in one go. Nothing
+here touches the host's state.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hotcache.provision.backends import BACKENDS
+from hotcache.provision.engine.specsource import HINT, Document, Loc, Problem, parse_path, yaml_path
 from hotcache.provision.errors import SpecError
 from hotcache.provision.system import sizes
 from hotcache.provision.system.users import parse_owner
@@ -28,6 +31,8 @@ SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", 
                "/root", "/run", "/sbin", "/sys", "/tmp", "/usr", "/var"}
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}"
+OCTAL_MODE = r"0?[0-7]{3,4}"
 
 
 def spec_size(value: int | str) -> int:
@@ -138,7 +143,7 @@ class CacheSpec(Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,31}", v):
+        if not re.fullmatch(NAME_PATTERN, v):
             raise ValueError(f"name {v!r} must be 1-32 letters, digits, '-' or '_'")
         return v
 
@@ -155,11 +160,40 @@ class HostSpec(Strict):
     caches: list[CacheSpec] = Field(description="The caches this host should have.")
 
 
+M = TypeVar("M", bound=BaseModel)
+
+
 def json_schema() -> dict:
+    """The spec's JSON Schema, for editors and CI: pydantic's, with the static rules the
+    models check in code (a name's pattern, an octal mode) and each backend's modes,
+    tunables and cache device, read from the backends' registry."""
     schema = _device_shorthand(HostSpec.model_json_schema())
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "hotcache host spec"
+    cache = schema["$defs"]["CacheSpec"]
+    cache["properties"]["name"]["pattern"] = f"^{NAME_PATTERN}$"
+    modes = sorted({m for b in BACKENDS.values() for m in b.modes})
+    cache["properties"]["mode"]["anyOf"][0]["enum"] = modes
+    cache["allOf"] = [_backend_rules(name) for name in BACKENDS]
+    fs = schema["$defs"]["Filesystem"]["properties"]
+    fs["mode"]["anyOf"][0]["pattern"] = f"^{OCTAL_MODE}$"
+    fs["label"]["anyOf"][0]["maxLength"] = 12
     return schema
+
+
+def _backend_rules(name: str) -> dict:
+    """If `backend` is this one: its modes, its tunables, and a cache device or none."""
+    backend = BACKENDS[name]
+    then: dict[str, Any] = {"properties": {
+        "mode": {"anyOf": [{"enum": list(backend.modes)}, {"type": "null"}]},
+        "tunables": {"propertyNames": {"enum": sorted(backend.tunables)}}}}
+    if backend.block_cache:
+        then["required"] = ["cache"]
+        then["properties"]["cache"] = {"not": {"type": "null"}}
+    else:
+        then["properties"]["cache"] = {"type": "null"}
+    return {"if": {"properties": {"backend": {"const": name}}, "required": ["backend"]},
+            "then": then}
 
 
 def _device_shorthand(node):
@@ -176,48 +210,139 @@ def _device_shorthand(node):
     return {k: _device_shorthand(v) for k, v in node.items()}
 
 
-def yaml_path(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "(top level)"
+# pydantic's error types that mean "a string was expected here"
+_WANTS_TEXT = {"string_type", "string_pattern_mismatch"}
 
 
-def _structural(raw: Any, source: str) -> HostSpec:
+def _structural_problems(raw: Any) -> list[Problem]:
+    """The model's complaints (types, required and unknown keys), as problems."""
     if not isinstance(raw, dict):
-        raise SpecError(source, ["(top level): must be a mapping with `caches:`"],
-                        hint="start from a file in examples/")
+        return [Problem((), "must be a mapping with `caches:` (start from a file in examples/)")]
     try:
-        return HostSpec.model_validate(raw)
+        HostSpec.model_validate(raw)
     except ValidationError as exc:
-        problems = []
+        problems: dict[Loc, Problem] = {}
         for err in exc.errors():
             # Drop pydantic's internal loc parts (validator names) to keep the YAML path.
             loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
             msg = err["msg"].removeprefix("Value error, ")
+            wants_text = err["type"] in _WANTS_TEXT or err["type"] == "literal_error" \
+                and "'" in str(err.get("ctx", {}).get("expected", ""))
             if err["type"] == "extra_forbidden":
                 msg = "unknown key (check its spelling; see `hotcache schema`)"
             elif err["type"] == "missing":
                 msg = "required key is missing"
-            problems.append(f"{yaml_path(loc)}: {msg}")
-        raise SpecError(source, problems, hint="fix these and run `hotcache plan` again") from None
+            else:
+                loc = _known_part(raw, loc)
+            if loc in problems:   # both sides of `int | str` refused it: one problem
+                msg = f"{problems[loc].message} or {msg.removeprefix('Input should be ')}"
+                wants_text = wants_text or problems[loc].wants_text
+            problems[loc] = Problem(loc, msg, at_key=err["type"] == "extra_forbidden",
+                                    wants_text=wants_text)
+        return list(problems.values())
+    return []
 
 
-def _semantic(spec: HostSpec) -> list[str]:
+def _known_part(raw: Any, loc: Loc) -> Loc:
+    """The start of `loc` that is in the data: pydantic names the sides of a union
+    (`size.int`, `size.str`) as if they were keys."""
+    node = raw
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            return loc[:i]
+    return loc
+
+
+def _structural(raw: Any, source: str) -> HostSpec:
+    """The model alone (no check of the host), for a spec that is already data."""
+    problems = _structural_problems(raw)
+    if problems:
+        raise SpecError(source, [f"{yaml_path(p.loc)}: {p.message}" for p in problems],
+                        hint=HINT)
+    return HostSpec.model_validate(raw)
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What the semantic checks read of one cache: the model's fields, or, where the
+    structural pass refused some of them, those that passed (the others are None and
+    already reported), so that one run reports every problem."""
+
+    name: str | None
+    backend: str | None
+    origin: DeviceRef | None
+    cache: DeviceRef | None
+    given: frozenset[str]           # the keys the spec gives a value, valid or not
+    mode: str | None
+    tunables: dict[str, Any]
+    filesystem: Filesystem | None
+
+    @classmethod
+    def of(cls, c: CacheSpec) -> "_Parts":
+        return cls(c.name, c.backend, c.origin, c.cache,
+                   frozenset(k for k in c.model_fields_set if getattr(c, k) is not None),
+                   c.mode, dict(c.tunables), c.filesystem)
+
+    @classmethod
+    def salvage(cls, raw: Any) -> "_Parts | None":
+        if not isinstance(raw, dict):
+            return None
+        name, backend, mode, tunables = (raw.get(k) for k in ("name", "backend", "mode",
+                                                               "tunables"))
+        return cls(
+            name if isinstance(name, str) and re.fullmatch(NAME_PATTERN, name) else None,
+            backend if isinstance(backend, str) and backend in BACKENDS else None,
+            _salvage(DeviceRef, raw.get("origin")), _salvage(DeviceRef, raw.get("cache")),
+            frozenset(k for k, v in raw.items() if isinstance(k, str) and v is not None),
+            mode if isinstance(mode, str) else None,
+            {k: v for k, v in tunables.items() if isinstance(k, str)
+             and isinstance(v, (int, str))} if isinstance(tunables, dict) else {},
+            _salvage(Filesystem, raw.get("filesystem")))
+
+    def devices(self) -> dict[str, DeviceRef]:
+        return {role: dev for role, dev in (("origin", self.origin), ("cache", self.cache))
+                if dev is not None}
+
+
+def _salvage(model: type[M], raw: Any) -> M | None:
+    """`model` built from `raw` without the keys it refused; None when what is left is
+    not one (a required key refused, a rule between keys broken)."""
+    if raw is None:
+        return None
+    for _ in range(len(raw) + 1 if isinstance(raw, dict) else 1):
+        try:
+            return model.model_validate(raw)
+        except ValidationError as exc:
+            if not isinstance(raw, dict):
+                return None
+            bad = {err["loc"][0] for err in exc.errors()
+                   if err["loc"] and err["type"] != "missing"}
+            if not bad or not bad <= raw.keys():
+                return None
+            raw = {k: v for k, v in raw.items() if k not in bad}
+    return None
+
+
+def _semantic(caches: list[_Parts | None]) -> list[str]:
     """What the schema cannot say: each cache's fit with its backend and its
     filesystem, and no name, device or mountpoint used twice."""
     problems: list[str] = []
     seen_names: dict[str, int] = {}
     seen_mounts: dict[str, int] = {}
     seen_devices: dict[str, str] = {}
-    for i, c in enumerate(spec.caches):
+    for i, c in enumerate(caches):
+        if c is None:
+            continue
         at = f"caches[{i}]"
-        if c.name in seen_names:
-            problems.append(f"{at}.name: {c.name!r} is also the name of caches[{seen_names[c.name]}]")
-        seen_names.setdefault(c.name, i)
+        if c.name is not None:
+            if c.name in seen_names:
+                problems.append(f"{at}.name: {c.name!r} is also the name of "
+                                f"caches[{seen_names[c.name]}]")
+            seen_names.setdefault(c.name, i)
         problems += _check_backend(at, c)
         for role, dev in c.devices().items():
             problems += _check_device(f"{at}.{role}", dev)
@@ -225,19 +350,23 @@ def _semantic(spec: HostSpec) -> list[str]:
             if key in seen_devices:
                 problems.append(f"{at}.{role}: {dev.label} is also used by {seen_devices[key]}")
             seen_devices.setdefault(key, f"{at}.{role}")
-        problems += _check_filesystem(at, i, c, seen_mounts)
+        problems += _check_names(at, c)
+        if c.filesystem is not None:
+            problems += _check_filesystem(at, i, c.filesystem, seen_mounts)
     return problems
 
 
-def _check_backend(at: str, c: CacheSpec) -> list[str]:
+def _check_backend(at: str, c: _Parts) -> list[str]:
     """The cache device, mode and tunables the cache's backend takes."""
+    if c.backend is None:
+        return []
     problems: list[str] = []
     backend = BACKENDS[c.backend]
-    if not backend.block_cache and c.cache is not None:
+    if not backend.block_cache and "cache" in c.given:
         caches = ", ".join(n for n, b in BACKENDS.items() if b.block_cache)
         problems.append(f"{at}.cache: backend {c.backend} puts XFS straight on `origin`; "
                         f"remove `cache` or choose {caches}")
-    if backend.block_cache and c.cache is None:
+    if backend.block_cache and "cache" not in c.given:
         problems.append(f"{at}.cache: backend {c.backend} needs a cache device (the SSD)")
     if c.mode is not None and c.mode not in backend.modes:
         problems.append(f"{at}.mode: {c.mode!r} is not a {c.backend} mode; "
@@ -254,14 +383,12 @@ def _check_backend(at: str, c: CacheSpec) -> list[str]:
     return problems
 
 
-def _check_filesystem(at: str, i: int, c: CacheSpec, seen_mounts: dict[str, int]) -> list[str]:
-    """Names fstab and units can carry, the mountpoint (its own, absolute, not a system
-    folder, not another cache's), the label, options, owner and mode."""
-    problems: list[str] = []
+def _check_names(at: str, c: _Parts) -> list[str]:
+    """Names fstab and units can carry: no control character in a path or label."""
     fs = c.filesystem
-    mp = os.path.normpath(fs.mountpoint)
-    for field, text in (("filesystem.mountpoint", fs.mountpoint),
-                        ("filesystem.label", fs.label),
+    problems: list[str] = []
+    for field, text in (("filesystem.mountpoint", fs.mountpoint if fs else None),
+                        ("filesystem.label", fs.label if fs else None),
                         *((f"{role}.loop.file", d.loop.file) for role, d in
                           c.devices().items() if d.loop),
                         *((f"{role}.path", d.path) for role, d in c.devices().items()
@@ -270,6 +397,14 @@ def _check_filesystem(at: str, i: int, c: CacheSpec, seen_mounts: dict[str, int]
             problems.append(f"{at}.{field}: {text!r} contains a control character "
                             "(newline, tab, ...); fstab, units and logs split on them. "
                             "Rename it")
+    return problems
+
+
+def _check_filesystem(at: str, i: int, fs: Filesystem, seen_mounts: dict[str, int]) -> list[str]:
+    """The mountpoint (its own, absolute, not a system folder, not another cache's), the
+    label, options, owner and mode."""
+    problems: list[str] = []
+    mp = os.path.normpath(fs.mountpoint)
     if not os.path.isabs(fs.mountpoint):
         problems.append(f"{at}.filesystem.mountpoint: {fs.mountpoint!r} must be an absolute path")
     elif mp in SYSTEM_DIRS:
@@ -295,7 +430,7 @@ def _check_filesystem(at: str, i: int, c: CacheSpec, seen_mounts: dict[str, int]
                             "hotcache can set (one option per list item, not ro/rw)")
     if fs.owner is not None:
         problems += _check_owner(f"{at}.filesystem.owner", fs.owner)
-    if fs.mode is not None and not re.fullmatch(r"0?[0-7]{3,4}", fs.mode):
+    if fs.mode is not None and not re.fullmatch(OCTAL_MODE, fs.mode):
         problems.append(f"{at}.filesystem.mode: {fs.mode!r} must be octal like '0755' or "
                         "'2775' (quote it in YAML)")
     return problems
@@ -323,26 +458,41 @@ def _check_owner(at: str, owner: str) -> list[str]:
 
 
 def parse_spec(text: str, source: str = "<spec>") -> HostSpec:
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise SpecError(source, [f"{where}not valid YAML ({getattr(exc, 'problem', exc)})"]) from None
-    spec = _structural(raw, source)
-    problems = _semantic(spec)
+    """The spec in `text`, or one SpecError with every problem found, each at its
+    `source:line:col`: YAML's, the model's, and, for every cache or part of one that the
+    model accepts, the host's."""
+    doc = Document(text, source)
+    problems = doc.duplicates() + _structural_problems(doc.data)
+    caches = doc.data.get("caches") if isinstance(doc.data, dict) else None
+    if not problems:
+        spec = HostSpec.model_validate(doc.data)
+        parts: list[_Parts | None] = [_Parts.of(c) for c in spec.caches]
+    else:
+        parts = [_Parts.salvage(c) for c in caches] if isinstance(caches, list) else []
+    for line in _semantic(parts):
+        path, _, message = line.partition(": ")
+        problems.append(Problem(parse_path(path), message,
+                                wants_text=message.startswith("must be str")))
     if problems:
-        raise SpecError(source, problems, hint="fix these and run `hotcache plan` again")
+        raise doc.error(problems)
     return spec
 
 
+STDIN = "-"
+
+
 def load_spec(path: str | os.PathLike) -> HostSpec:
+    """The spec in the file `path`, or on standard input for `-` (`<stdin>` in messages)."""
+    if str(path) == STDIN:
+        import sys
+
+        return parse_spec(sys.stdin.read(), "<stdin>")
     p = Path(path)
     try:
         text = p.read_text()
     except FileNotFoundError:
         raise SpecError(str(p), ["file not found"], hint="give the path of a host spec "
-                        "(examples/ has some to start from)") from None
+                        "(examples/ has some to start from), or - to read it from stdin") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise SpecError(str(p), [f"cannot read it: {exc}"]) from None
     return parse_spec(text, str(p))

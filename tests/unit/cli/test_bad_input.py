@@ -26,7 +26,7 @@ caches:
 
 CASES = {
     # id: (spec text, expected words in the message)
-    "not-yaml": ("caches: [\n  - name: x\n bad", ["not valid YAML", "line"]),
+    "not-yaml": ("caches: [\n  - name: x\n bad", ["spec.yaml:2:3: not valid YAML"]),
     "not-a-mapping": ("- just\n- a list\n", ["must be a mapping"]),
     "no-caches": ("version: 1\n", ["caches: required key is missing"]),
     "unknown-key": (spec_one("    colour: blue"), ["caches[0].colour", "unknown key"]),
