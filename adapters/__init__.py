@@ -11,8 +11,14 @@ importing this package imports neither torch nor TensorFlow (nor typer, pyudev, 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .dataroot import DataRoot, HotCopy, data_root
 from .timing import BatchTimer, Summary, timed, verdict
+
+if TYPE_CHECKING:     # a type checker sees their signatures; Python loads them on first use
+    from .pytorch import ImageFolderDataset, make_loader
+    from .tfdata import DataWaitCallback, make_dataset
 
 _LAZY = {
     "make_loader": "pytorch", "ImageFolderDataset": "pytorch",
@@ -20,7 +26,7 @@ _LAZY = {
 }
 
 __all__ = ["DataRoot", "HotCopy", "data_root", "BatchTimer", "Summary", "timed", "verdict",
-           *_LAZY]
+           "make_loader", "ImageFolderDataset", "make_dataset", "DataWaitCallback"]
 
 
 def __getattr__(name: str):

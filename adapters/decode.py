@@ -12,6 +12,11 @@ Two decoders, chosen per file:
   half the CPU seconds per image of Pillow's decode + bilinear resize (BENCHMARKS.md).
 - Anything else (PNG, GIF, other formats, or the libraries absent): Pillow, with the same
   filter name (Pillow's filters antialias when shrinking, so pixels differ a little).
+
+A JPEG the fast decoder refuses (truncated, or with a defect libjpeg-turbo only warns
+about) goes to Pillow, which decides as it would for torchvision's ImageFolder: with
+`PIL.ImageFile.LOAD_TRUNCATED_IMAGES = True` it loads what is there. A file neither can
+decode raises ImageDecodeError (an OSError) naming the file.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import os
 from typing import IO
 
 import numpy as np
+
+from .errors import ImageDecodeError
 
 RESAMPLE = ("bilinear", "nearest", "bicubic", "area", "lanczos")
 _PIL_FILTER = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "area": 4}
@@ -48,28 +55,36 @@ def check_resample(resample: str) -> str:
 
 
 def decode_array(path: str | os.PathLike | bytes, size: tuple[int, int],
-                 resample: str = "bilinear", draft: bool = True) -> np.ndarray:
+                 resample: str = "bilinear", draft: bool = True, name: str | None = None) -> np.ndarray:
     """The image at `path` (or in these bytes) as uint8 (height, width, 3), resized to
-    size=(height, width), the order tf.image.resize and torchvision's Resize use."""
-    source: str | os.PathLike | IO[bytes]
+    size=(height, width), the order tf.image.resize and torchvision's Resize use.
+    `name`: the file, for errors, when `path` is its bytes."""
     if isinstance(path, bytes):
-        data, source = path, io.BytesIO(path)
+        data = path
     else:
-        source = path
+        name = os.fsdecode(path)
         with open(path, "rb") as f:
             data = f.read()
-    height, width = size
     if simplejpeg is not None and data[:2] == b"\xff\xd8":
-        full_h, full_w = simplejpeg.decode_jpeg_header(data)[:2]
-        scale = draft_scale((full_h, full_w), (height, width)) if draft else 1
-        # libjpeg-turbo picks the smallest DCT scale giving at least these sizes: 1/scale
-        img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-full_h // scale),
-                                     min_width=-(-full_w // scale)) if scale > 1 else \
-            simplejpeg.decode_jpeg(data, colorspace="RGB")
-        if img.shape[1] != width or img.shape[0] != height:
-            img = cv2.resize(img, (width, height), interpolation=_CV2_FILTER[resample])
-        return img
-    return np.asarray(pillow_decode(source, size, draft, resample))
+        try:
+            return _fast_jpeg(data, size, resample, draft)
+        except ValueError:
+            pass        # Pillow decides, by its own rules (LOAD_TRUNCATED_IMAGES)
+    return np.asarray(pillow_decode(io.BytesIO(data), size, draft, resample, name=name))
+
+
+def _fast_jpeg(data: bytes, size: tuple[int, int], resample: str, draft: bool) -> np.ndarray:
+    """libjpeg-turbo (simplejpeg, strict: a warning is an error), then OpenCV's resize."""
+    height, width = size
+    full_h, full_w = simplejpeg.decode_jpeg_header(data)[:2]
+    scale = draft_scale((full_h, full_w), (height, width)) if draft else 1
+    # libjpeg-turbo picks the smallest DCT scale giving at least these sizes: 1/scale
+    img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-full_h // scale),
+                                 min_width=-(-full_w // scale)) if scale > 1 else \
+        simplejpeg.decode_jpeg(data, colorspace="RGB")
+    if img.shape[1] != width or img.shape[0] != height:
+        img = cv2.resize(img, (width, height), interpolation=_CV2_FILTER[resample])
+    return img
 
 
 def draft_scale(full: tuple[int, int], target: tuple[int, int]) -> int:
@@ -83,14 +98,23 @@ def draft_scale(full: tuple[int, int], target: tuple[int, int]) -> int:
 
 
 def pillow_decode(path: str | os.PathLike | IO[bytes], size: tuple[int, int] | None, draft: bool = True,
-                  resample: str = "bilinear"):
+                  resample: str = "bilinear", name: str | None = None):
     """A PIL RGB image, resized to size=(height, width) when given (scaled JPEG decoding
-    first when `draft`: several times less work for nearly the same pixels)."""
+    first when `draft`: several times less work for nearly the same pixels). A file that
+    cannot be decoded raises ImageDecodeError naming it (`name` when `path` is a file
+    object)."""
     from PIL import Image
 
     wh = (size[1], size[0]) if size else None    # Pillow counts (width, height)
-    with Image.open(path) as im:
-        if draft and wh:
-            im.draft("RGB", wh)
-        img = im.convert("RGB")
+    if not hasattr(path, "read"):
+        name = os.fsdecode(path)
+        with open(path, "rb") as f:              # a missing file keeps its own error
+            return pillow_decode(f, size, draft, resample, name)
+    try:
+        with Image.open(path) as im:
+            if draft and wh:
+                im.draft("RGB", wh)
+            img = im.convert("RGB")
+    except (OSError, ValueError, SyntaxError) as exc:   # Pillow's errors for a bad file
+        raise ImageDecodeError(f"{name or 'image'}: cannot decode: {exc}", name) from exc
     return img.resize(wh, _PIL_FILTER[resample]) if wh else img

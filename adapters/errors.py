@@ -17,3 +17,19 @@ class CacheLockedError(HotcacheError):
     """A tf.data cache directory is locked by a running job, or by one we cannot identify."""
 
     exit_code = ExitCode.REFUSED
+
+
+class EmptyClassError(DataRootError, FileNotFoundError):
+    """A class folder holds no image the loader reads. A FileNotFoundError as well, the
+    type torchvision's ImageFolder raises for it, so code that catches that still does."""
+
+
+class ImageDecodeError(OSError):
+    """An image file could not be decoded; the message names the file. An OSError, as
+    Pillow's own errors for a truncated or unreadable image are. Built from one message
+    string, so a DataLoader worker's error is raised again in the training process with
+    its type."""
+
+    def __init__(self, message: str, path: str | None = None):
+        super().__init__(message)
+        self.path = path

@@ -1,18 +1,31 @@
 """The image-folder layout both loaders read: ROOT/<class>/<file>, classes sorted by name
-and numbered from 0 (the torchvision ImageFolder convention, so labels agree across
-frameworks). Standard library only."""
+and numbered from 0, so labels agree across frameworks. Standard library only.
+
+Each loader lists exactly what its framework's own loader would, so that swapping one
+for the other changes neither the count, the order nor a label:
+- TORCHVISION (make_loader): torchvision's `ImageFolder` (0.28): its IMG_EXTENSIONS,
+  every folder a class (dot folders too), symlinked folders followed, and a class
+  folder without one image is an error naming it (a silent label would shift every
+  later class's index).
+- KERAS (make_dataset): Keras 3's `image_dataset_from_directory`: its allowlist, which is
+  what `tf.io.decode_image` decodes (no .tif, which would end an epoch), dot folders
+  skipped, symlinks inside a class followed only when asked, an empty class kept.
+"""
 
 from __future__ import annotations
 
 import os
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import DataRootError
-from hotcache.provision.hotcopy.format import RESERVED
+from .errors import DataRootError, EmptyClassError
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+# torchvision.datasets.folder.IMG_EXTENSIONS (0.28), in its order (its error lists them).
+TORCHVISION_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+# keras.src.utils.image_dataset_utils.ALLOWLIST_FORMATS (Keras 3).
+KERAS_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 
 
 class PathList(Sequence):
@@ -66,23 +79,82 @@ class PathList(Sequence):
         self._blob = bytearray(blob)
 
 
-def list_image_folder(root: str | os.PathLike,
-                      extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> tuple[PathList, list[int], list[str]]:
-    """(paths, labels, class names) for every image under root/<class>/, in a stable order.
-    The paths are a PathList (a sequence of str, stored compactly)."""
+class Samples(Sequence):
+    """(path, class index) pairs over a listing's paths and labels, as ImageFolder's
+    `samples` list reads, without a tuple per file held in memory."""
+
+    __slots__ = ("paths", "labels")
+
+    def __init__(self, paths: Sequence[str], labels: Sequence[int]):
+        self.paths, self.labels = paths, labels
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return self.paths[i], self.labels[i]
+
+    def __eq__(self, other) -> bool:
+        return (isinstance(other, Sequence) and len(self) == len(other)
+                and all(tuple(a) == tuple(b) for a, b in zip(self, other)))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a framework's own loader lists an image folder."""
+
+    name: str
+    extensions: tuple[str, ...]
+    dot_classes: bool           # a folder named .x is a class
+    empty_class_error: bool     # a class without an image is refused
+
+
+TORCHVISION = Rule("torchvision ImageFolder", TORCHVISION_EXTENSIONS, True, True)
+KERAS = Rule("Keras image_dataset_from_directory", KERAS_EXTENSIONS, False, False)
+
+
+def class_names(root: str | os.PathLike, rule: Rule = TORCHVISION) -> list[str]:
+    """The class folders (symlinks to folders included), sorted by name."""
+    return sorted(e.name for e in os.scandir(Path(root))
+                  if e.is_dir() and (rule.dot_classes or not e.name.startswith(".")))
+
+
+def list_image_folder(root: str | os.PathLike, rule: Rule = TORCHVISION, *,
+                      follow_links: bool = True) -> tuple[PathList, list[int], list[str]]:
+    """(paths, labels, class names) for every image under root/<class>/, in the order
+    the rule's framework gives them: classes by name, then each class's folders walked
+    and sorted by path, files sorted by name. The paths are a PathList (a sequence of
+    str, stored compactly). `follow_links`: walk into symlinked folders inside a class
+    (torchvision always does; Keras's follow_links)."""
     root = Path(root)
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    classes = class_names(root, rule)
     paths = PathList("" if str(root) == "." else str(root))   # as os.walk names them
     labels: list[int] = []
+    empty = []
     for label, cls in enumerate(classes):
-        for dirpath, dirnames, filenames in os.walk(root / cls):
-            dirnames.sort()
+        before = len(paths)
+        # Sorted by folder path, as both frameworks sort os.walk's output (not os.walk's
+        # own depth-first order: "a-b" sorts before "a/b").
+        for dirpath, _dirs, filenames in sorted(os.walk(root / cls, followlinks=follow_links),
+                                                key=lambda walked: walked[0]):
             below = os.path.relpath(dirpath, root)
             for f in sorted(filenames):
-                if f.lower().endswith(extensions) and f not in RESERVED:
+                if f.lower().endswith(rule.extensions):
                     paths.append_rel(os.path.join(below, f))
                     labels.append(label)
+        if len(paths) == before:
+            empty.append(cls)
     if not paths:
-        raise DataRootError(f"{root}: no images found in class folders ({root}/<class>/*.jpg)",
+        raise DataRootError(f"{root}: no images found in class folders ({root}/<class>/*.jpg; "
+                            f"{rule.name} reads {' '.join(rule.extensions)})",
                             hint="point DATA_ROOT at the folder that holds one folder per class")
+    if empty and rule.empty_class_error:
+        raise EmptyClassError(
+            f"{root}: found no valid file for the classes {', '.join(empty)} "
+            f"(as {rule.name} does, a class without images is refused: it would take a "
+            f"label and shift every later class's index). Supported extensions are: "
+            f"{', '.join(rule.extensions)}",
+            hint="remove the empty class folders, or put their images in")
     return paths, labels, classes

@@ -16,25 +16,28 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from time import perf_counter
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import torch
-from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableDataset, Sampler,
+from torch.utils.data import (Dataset, DistributedSampler, IterableDataset, Sampler, default_collate,
                               get_worker_info)
-from torch.utils.data import default_collate
 
 from .dataroot import data_root
 from .decode import check_resample, decode_array, pillow_decode
-from .imagefolder import IMAGE_EXTENSIONS, list_image_folder
+from .imagefolder import TORCHVISION, Samples, list_image_folder
 from .order import ENV_ORDER, cold_order, write_order
-from .prefetch import ThreadPrefetch
 from .tiered import list_tiered
-from .timing import BatchTimer
+from .timedloader import Batch, BatchCollate, TimedLoader
+
+if TYPE_CHECKING:
+    from typing import Unpack       # mypy reads it; Python 3.10 never imports it
+
+__all__ = ["ImageFolderDataset", "TimedLoader", "make_loader", "decode_image", "to_tensor"]
 
 
 def decode_image(path: str | os.PathLike | IO[bytes], image_size: tuple[int, int] | None = None, draft: bool = True,
@@ -55,7 +58,11 @@ def to_tensor(img) -> torch.Tensor:
 
 
 class ImageFolderDataset(Dataset):
-    """root/<class>/<image>: class folders, sorted by name, give labels 0..n-1.
+    """root/<class>/<image>: class folders, sorted by name, give labels 0..n-1, listed as
+    torchvision's ImageFolder lists them (imagefolder.TORCHVISION: its extensions,
+    symlinked folders followed, an empty class refused). ImageFolder's attributes are
+    here: `classes`, `class_to_idx`, `samples` (and `imgs`), `targets`, `transform`,
+    `target_transform` (applied to each label).
 
     decode=True:  Pillow decodes (and resizes to `image_size` with `resample`, with
                   scaled JPEG decoding unless draft=False); `transform` gets the PIL
@@ -69,7 +76,9 @@ class ImageFolderDataset(Dataset):
     per batch crosses to the training process instead of one per sample. Pillow
     releases the GIL while it decodes and resizes, so the threads run in parallel."""
 
-    def __init__(self, root: str | os.PathLike | None = None, *, transform=None,
+    def __init__(self, root: str | os.PathLike | None = None, *,
+                 transform: Callable[[Any], Any] | None = None,
+                 target_transform: Callable[[int], Any] | None = None,
                  decode: bool = True, image_size: tuple[int, int] | None = None,
                  draft: bool = True, resample: str = "bilinear", threads: int = 1):
         check_resample(resample)
@@ -81,11 +90,14 @@ class ImageFolderDataset(Dataset):
         self.threads = max(1, int(threads))
         self.paths: Sequence[str]
         if self.tiers is not None:
-            self.rels, self.labels, self.classes = list_tiered(self.tiers, IMAGE_EXTENSIONS)
+            self.rels, self.labels, self.classes = list_tiered(self.tiers, TORCHVISION)
             self.paths = [self.tiers.path(r) for r in self.rels]
         else:
-            self.paths, self.labels, self.classes = list_image_folder(self.root)
+            self.paths, self.labels, self.classes = list_image_folder(self.root, TORCHVISION)
+        self.class_to_idx = {cls: i for i, cls in enumerate(self.classes)}
+        self.targets = self.labels                 # ImageFolder's name (class weights...)
         self.transform = transform
+        self.target_transform = target_transform
         self.decode = decode
         self.image_size: tuple[int, int] | None = \
             (int(image_size[0]), int(image_size[1])) if image_size else None
@@ -95,8 +107,19 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.paths)
 
+    @property
+    def samples(self) -> Samples:
+        """(path, class index) pairs, ImageFolder's `samples`, read from the compact lists."""
+        return Samples(self.paths, self.labels)
+
+    imgs = samples                                 # ImageFolder's older name
+
     def __getitem__(self, index: int):
         return self.fetch(index)[0]
+
+    def _target(self, index: int) -> Any:
+        label = self.labels[index]
+        return self.target_transform(label) if self.target_transform else label
 
     def fetch(self, index: int):
         """((sample, label), served hot?); served hot is None without a cold root."""
@@ -104,16 +127,22 @@ class ImageFolderDataset(Dataset):
         sample: Any
         if self.batches and self.image_size:
             # the same decoder as the batched path: one sample, one set of pixels
-            img = decode_array(source, self.image_size, self.resample, self.draft)
+            img = decode_array(source, self.image_size, self.resample, self.draft,
+                               name=self._name(index))
             sample = torch.from_numpy(np.ascontiguousarray(img.transpose(2, 0, 1)))
         elif self.decode:
-            img = decode_image(io.BytesIO(source) if isinstance(source, bytes) else source,
-                               self.image_size, self.draft, self.resample)
+            img = pillow_decode(io.BytesIO(source) if isinstance(source, bytes) else source,
+                                self.image_size, self.draft, check_resample(self.resample),
+                                name=self._name(index))
             sample = self.transform(img) if self.transform else to_tensor(img)
         else:
             data = source if isinstance(source, bytes) else Path(source).read_bytes()
             sample = self.transform(data) if self.transform else data
-        return (sample, self.labels[index]), hot
+        return (sample, self._target(index)), hot
+
+    def _name(self, index: int) -> str:
+        """The file, for error messages."""
+        return self.paths[index]
 
     def _source(self, index: int):
         """(the file's path, None), or for tiered reads (its bytes, read from the hot
@@ -144,7 +173,7 @@ class ImageFolderDataset(Dataset):
 
         def decode_into(slot: int, index: int) -> None:
             source, hot[slot] = self._source(index)
-            img = decode_array(source, size, self.resample, self.draft)
+            img = decode_array(source, size, self.resample, self.draft, name=self._name(index))
             out[slot] = img.transpose(2, 0, 1)
 
         if self.threads > 1:
@@ -152,8 +181,10 @@ class ImageFolderDataset(Dataset):
         else:
             for slot, index in enumerate(indices):
                 decode_into(slot, index)
-        return _Batch(images, torch.tensor([self.labels[i] for i in indices]),
-                      None if self.tiers is None else sum(map(bool, hot)))
+        targets = [self._target(i) for i in indices]
+        # Transformed targets collate as DataLoader would collate them.
+        return Batch(images, targets, None if self.tiers is None else sum(map(bool, hot)),
+                     labels=default_collate(targets) if self.target_transform else None)
 
     def _threads(self) -> ThreadPoolExecutor:
         # One pool per process: a worker forked from a process that had one starts anew.
@@ -168,84 +199,12 @@ class ImageFolderDataset(Dataset):
         return state
 
 
-class _Batch:
-    """A batch decoded in place: images N×C×H×W uint8, labels N (int64)."""
-
-    __slots__ = ("images", "labels", "hot")
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, hot: int | None = None):
-        self.images, self.labels = images, labels
-        self.hot = hot                        # tiered reads: samples served hot
-
-    def samples(self) -> list:
-        return list(zip(self.images, self.labels.tolist()))
-
-
-class _Stamped(Dataset):
-    """Runs in the workers: each sample (or batch) comes with the seconds it took to load,
-    and for tiered reads (seconds, hot samples[, samples]): which tier served it."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-        self.tiered = getattr(dataset, "tiers", None) is not None
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index):
-        t0 = perf_counter()
-        if self.tiered:
-            sample, hot = self.dataset.fetch(index)
-            return sample, (perf_counter() - t0, hot)
-        sample = self.dataset[index]
-        return sample, perf_counter() - t0
-
-    def __getitems__(self, indices):
-        batched = getattr(self.dataset, "__getitems__", None)
-        if batched is None or (self.tiered and not self.dataset.batches):
-            return [self[i] for i in indices]
-        t0 = perf_counter()
-        samples = batched(indices)
-        seconds = perf_counter() - t0
-        hot = getattr(samples, "hot", None)
-        return _Loaded(samples, seconds if hot is None else (seconds, hot, len(indices)))
-
-
-class _Loaded:
-    """What a batched fetch hands to the collate function: the batch and its load time."""
-
-    __slots__ = ("samples", "seconds")
-
-    def __init__(self, samples, seconds: float | tuple[float, int, int]):   # tiered: (s, hot, n)
-        self.samples, self.seconds = samples, seconds
-
-
-class _StampedCollate:
-    """Collate the samples with the user's collate_fn; add up their load seconds."""
-
-    def __init__(self, collate_fn=None):
-        self.user_collate = collate_fn
-        self.collate_fn = collate_fn or default_collate
-
-    def __call__(self, stamped):
-        if isinstance(stamped, _Loaded):
-            samples = stamped.samples
-            if isinstance(samples, _Batch):
-                if self.user_collate is None:
-                    return [samples.images, samples.labels], stamped.seconds
-                samples = samples.samples()
-            return self.collate_fn(samples), stamped.seconds
-        batch = self.collate_fn([s for s, _ in stamped])
-        if stamped and isinstance(stamped[0][1], tuple):     # tiered: (seconds, hot)
-            return batch, (sum(t for _, (t, _h) in stamped),
-                           sum(1 for _, (_t, h) in stamped if h), len(stamped))
-        return batch, sum(t for _, t in stamped)
-
-
 class EpochOrder(Sampler):
     """A seeded shuffle whose order for epoch e depends on (seed, e) alone, so each epoch
     can write the next one's cold files to `order_file` for `hotcache warm --order`
-    (adapters/order.py). The first epoch's order is written at once."""
+    (adapters/order.py). The first epoch's order is written at once. Its epoch is set as
+    a DistributedSampler's is: `set_epoch(e)`, or by the loader when an epoch was read
+    to its end."""
 
     def __init__(self, dataset, seed: int, order_file: str | os.PathLike):
         self.dataset, self.seed, self.order_file = dataset, seed, order_file
@@ -259,33 +218,18 @@ class EpochOrder(Sampler):
     def _write(self, epoch: int) -> None:
         write_order(self.order_file, cold_order(self.dataset, self.order(epoch))[1])
 
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._write(epoch)      # the epoch about to be read, for the warm-up beside it
+
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __iter__(self):
         current = self.order(self.epoch)
-        self.epoch += 1
-        self._write(self.epoch)
+        self._write(self.epoch + 1)
         return iter(current)
-
-
-class TimedLoader(BatchTimer):
-    """A DataLoader whose every batch fetch is timed (see BatchTimer); `.loader` is the
-    DataLoader, `.dataset` the user's dataset. Each epoch sets the DistributedSampler's
-    epoch, so shuffling differs between epochs on every rank."""
-
-    def __init__(self, loader: DataLoader, dataset, *, stamped: bool = True,
-                 prefetch: int = 0, **options):
-        super().__init__(ThreadPrefetch(loader, prefetch) if prefetch else loader,
-                         stamped=stamped, **options)
-        self.loader = loader
-        self.dataset = dataset
-
-    def __iter__(self):
-        sampler = self.loader.sampler
-        if isinstance(sampler, DistributedSampler):
-            sampler.set_epoch(self.epoch + 1)
-        return super().__iter__()
 
 
 # Batched decoding runs this many threads per process by default: threads decode one
@@ -329,23 +273,49 @@ def _needs_workers(persistent_workers, options: dict) -> bool:
                 or options.get("multiprocessing_context"))
 
 
-def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_size: int | None = 32,
-                shuffle: bool | None = None, sampler=None, batch_sampler=None, generator=None,
+class LoaderOptions(TypedDict, total=False):
+    """DataLoader's keywords that make_loader passes through as they are (and any a newer
+    torch adds: they go to DataLoader, which checks them)."""
+
+    timeout: float
+    worker_init_fn: Callable[[int], None] | None
+    multiprocessing_context: Any
+    pin_memory_device: str
+    in_order: bool
+
+
+class _DefaultBatchSize(int):
+    """make_loader's default batch size, told apart from the same number given (a batch
+    sampler refuses a batch_size given beside it, as DataLoader does)."""
+
+
+DEFAULT_BATCH_SIZE = _DefaultBatchSize(32)
+
+
+def make_loader(root: str | os.PathLike | None = None, *, dataset: Dataset | None = None,
+                batch_size: int | None = DEFAULT_BATCH_SIZE, shuffle: bool | None = None,
+                sampler: Sampler | Iterable | None = None,
+                batch_sampler: Sampler[list] | Iterable[list] | None = None,
+                generator: torch.Generator | None = None,
                 num_workers: int | None = None, pin_memory: bool | None = None,
                 persistent_workers: bool | None = None, prefetch_factor: int | None = None,
-                drop_last: bool = False, collate_fn=None,
-                transform=None, decode: bool = True, image_size: tuple[int, int] | None = None,
+                drop_last: bool = False, collate_fn: Callable[[list], Any] | None = None,
+                transform: Callable[[Any], Any] | None = None,
+                target_transform: Callable[[int], Any] | None = None,
+                decode: bool = True, image_size: tuple[int, int] | None = None,
                 resample: str = "bilinear", decode_threads: int | None = None,
                 distributed: bool | None = None, seed: int = 0,
                 order_file: str | os.PathLike | None = None,
-                name: str = "train", log_every: int = 100, log_path=None,
-                clock=perf_counter, **loader_options) -> TimedLoader:
-    """A torch DataLoader over `dataset`, or over the image folder at `root` (default:
-    `data_root()`, which logs where the data really comes from), wrapped in a TimedLoader.
+                name: str = "train", log_every: int = 100, log_path: str | os.PathLike | None = None,
+                clock: Callable[[], float] = perf_counter,
+                **loader_options: Unpack[LoaderOptions]) -> TimedLoader:
+    """A timed torch DataLoader (a TimedLoader, a DataLoader subclass) over `dataset`, or
+    over the image folder at `root` (default: `data_root()`, which logs where the data
+    really comes from), listed as torchvision's ImageFolder lists it.
 
     Every DataLoader keyword is passed through (`**loader_options` takes the rest:
-    timeout, worker_init_fn, multiprocessing_context, in_order...). What make_loader adds
-    to DataLoader:
+    timeout, worker_init_fn, multiprocessing_context, in_order...), and contradictory
+    ones are refused by DataLoader itself. What make_loader adds to DataLoader:
     - timing: every batch fetch is timed (TimedLoader, see timing.py), with the workers'
       load time per batch; a summary is logged every `log_every` batches and per epoch.
     - decode: over an image folder with `image_size=(height, width)` and no `transform`,
@@ -356,12 +326,15 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
       (seed, epoch) alone, and the next epoch's cold files written there in reading
       order as each epoch starts, for `hotcache warm COLD_ROOT --order FILE`
       (adapters/order.py). Image-folder datasets on one rank only.
+    - epochs: `loader.set_epoch(e)` sets the next epoch (a resumed job); an epoch read to
+      its end advances it. The loader sets the epoch only of a sampler it made.
 
     Its defaults, where DataLoader's differ:
     - order: a sampler or batch_sampler you give decides it, and make_loader adds none;
       otherwise it shuffles (shuffle=None means yes) with `generator`, or one seeded with
       `seed`, and uses a DistributedSampler when torch.distributed is initialised
       (`distributed=True/False` overrides).
+    - batch_size 32 (unless a batch_sampler is given).
     - workers: one per CPU of this rank's share, at most 8; when whole batches decode in
       threads, none up to four CPUs (a thread reads prefetch_factor batches ahead) and one
       per four CPUs above. An explicit num_workers=0 loads each batch when the loop asks,
@@ -369,26 +342,29 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset=None, batch_si
       worker_init_fn, multiprocessing_context) get one worker instead of none.
     - pin_memory when CUDA is there, persistent workers, prefetch_factor 4."""
     built = dataset is None
-    if built:
-        dataset = ImageFolderDataset(root, transform=transform, decode=decode,
-                                     image_size=image_size, resample=resample)
-    workers = _workers(dataset if built else None, num_workers, decode_threads,
-                       persistent_workers, prefetch_factor, loader_options)
+    if dataset is None:
+        dataset = ImageFolderDataset(root, transform=transform, target_transform=target_transform,
+                                     decode=decode, image_size=image_size, resample=resample)
+    options: dict[str, Any] = dict(loader_options)
+    workers = _workers(dataset if isinstance(dataset, ImageFolderDataset) and built else None,
+                       num_workers, decode_threads, persistent_workers, prefetch_factor, options)
     # An IterableDataset has no index to time per sample, and shards itself across
     # ranks and workers: it goes to the DataLoader as it is.
     stamped = not isinstance(dataset, IterableDataset)
     order = _order(dataset, stamped, shuffle=shuffle, sampler=sampler,
                    batch_sampler=batch_sampler, generator=generator, distributed=distributed,
                    seed=seed, drop_last=drop_last, order_file=order_file)
-    if batch_sampler is not None:       # DataLoader takes no batch_size beside it
-        batch_size, drop_last = 1, False
-    loader = DataLoader(_Stamped(dataset) if stamped else dataset, batch_size=batch_size,
-                        drop_last=drop_last, **order, **workers.options,
-                        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
-                        collate_fn=_StampedCollate(collate_fn) if stamped else collate_fn,
-                        **loader_options)
-    return TimedLoader(loader, dataset, stamped=stamped, name=name, log_every=log_every,
-                       log_path=log_path, clock=clock, prefetch=workers.read_ahead)
+    own = order.pop("own")
+    if batch_sampler is not None and batch_size is DEFAULT_BATCH_SIZE:
+        batch_size = 1                  # DataLoader's default beside a batch sampler
+    if isinstance(dataset, ImageFolderDataset):
+        collate_fn = BatchCollate(collate_fn)      # whole decoded batches, or the user's
+    return TimedLoader(dataset, stamped=stamped, own_sampler=own, read_ahead=workers.read_ahead,
+                       name=name, log_every=log_every, log_path=log_path, clock=clock,
+                       batch_size=None if batch_size is None else int(batch_size),
+                       drop_last=drop_last, **order, **workers.options,
+                       pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
+                       collate_fn=collate_fn, **options)
 
 
 class _Workers:
@@ -428,27 +404,30 @@ def _workers(built: ImageFolderDataset | None, num_workers: int | None,
 def _order(dataset, stamped: bool, *, shuffle: bool | None, sampler, batch_sampler, generator,
            distributed: bool | None, seed: int, drop_last: bool, order_file) -> dict:
     """DataLoader's shuffle, sampler, batch_sampler and generator: the caller's own where
-    given, else a seeded shuffle, a DistributedSampler or an EpochOrder (order file)."""
-    own = sampler is not None or batch_sampler is not None
+    given, else a seeded shuffle, a DistributedSampler or an EpochOrder (order file);
+    "own": the sampler made here, whose epoch the loader sets (None: not ours)."""
+    users = sampler is not None or batch_sampler is not None
     if shuffle is None:
-        shuffle = stamped and not own
+        shuffle = stamped and not users
     if distributed is None:
-        distributed = stamped and not own and torch.distributed.is_available() \
+        distributed = stamped and not users and torch.distributed.is_available() \
             and torch.distributed.is_initialized()
     order_file = order_file or os.environ.get(ENV_ORDER) or None
+    own: Sampler | None = None
     if order_file:
-        if own or distributed or not shuffle or not hasattr(dataset, "paths"):
+        if users or distributed or not shuffle or not hasattr(dataset, "paths"):
             raise ValueError(f"order_file={order_file}: the next epoch's order is written only "
                              f"for make_loader's own shuffle of an image-folder dataset on one "
                              f"rank; drop order_file (or unset {ENV_ORDER}) for this loader")
-        sampler, shuffle = EpochOrder(dataset, seed, order_file), False
+        sampler = own = EpochOrder(dataset, seed, order_file)
+        shuffle = False
     elif distributed:
-        if own:
+        if users:
             raise ValueError("distributed=True with your own sampler: give a "
                              "DistributedSampler yourself, or leave distributed unset")
-        sampler = DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        sampler = own = DistributedSampler(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
         shuffle = False            # the sampler shuffles; DataLoader refuses both
     if generator is None and shuffle:
         generator = torch.Generator().manual_seed(seed)
     return {"shuffle": shuffle, "sampler": sampler, "batch_sampler": batch_sampler,
-            "generator": generator}
+            "generator": generator, "own": own}

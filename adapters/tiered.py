@@ -14,9 +14,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .errors import DataRootError
+from .errors import DataRootError, EmptyClassError
 from hotcache.provision.hotcopy.format import MANIFEST, RESERVED, read_manifest
+
+if TYPE_CHECKING:
+    from .imagefolder import Rule
 
 ENV_COLD = "DATA_COLD_ROOT"
 
@@ -73,22 +77,25 @@ def count_files(root: Path) -> int:
     return sum(len([f for f in files if f not in RESERVED]) for _d, _s, files in os.walk(root))
 
 
-def list_tiered(tiers: Tiers, extensions: tuple[str, ...]) -> tuple[list[str], list[int], list[str]]:
+def list_tiered(tiers: Tiers, rule: Rule) -> tuple[list[str], list[int], list[str]]:
     """(relative paths, labels, class names) of the image folder made of both tiers: the
-    cold root's files plus any member the cold root lacks, classes numbered by name."""
+    cold root's files (listed by `rule`, the loader's framework's) plus any member the
+    cold root lacks, classes numbered by name."""
     from .imagefolder import list_image_folder
 
     by_class: dict[str, set[str]] = {}
     try:
-        paths, labels, classes = list_image_folder(tiers.cold, extensions)
+        paths, labels, classes = list_image_folder(tiers.cold, rule)
         for p, label in zip(paths, labels):
             by_class.setdefault(classes[label], set()).add(os.path.relpath(p, tiers.cold))
+    except EmptyClassError:
+        raise
     except DataRootError:
         if not tiers.members:
             raise
     for rel in tiers.members:
         cls, sep, _rest = rel.partition("/")
-        if sep and not cls.startswith(".") and rel.lower().endswith(extensions):
+        if sep and (rule.dot_classes or not cls.startswith(".")) and rel.lower().endswith(rule.extensions):
             by_class.setdefault(cls, set()).add(rel)
     names = sorted(by_class)
     rels, out_labels = [], []

@@ -184,7 +184,7 @@ def test_distributed_sampler_splits_the_data(tmp_path):
     for rank in (0, 1):
         first, second = outs[rank]["orders"]
         assert first != second                       # shuffled anew for epoch 1
-        assert outs[rank]["epoch"] == 1              # set_epoch called for each epoch
+        assert outs[rank]["epoch"] == 2              # two epochs read: the next is 2
 
 
 def test_scaled_jpeg_decoding_gives_the_same_size_and_nearly_the_same_pixels(tmp_path):
@@ -226,10 +226,10 @@ def test_batched_decoding_runs_in_threads_of_this_process_on_small_hosts(monkeyp
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(6)))
     loader = make_loader(root, image_size=(32, 32), log_every=0)
     assert (loader.num_workers, loader.dataset.threads) == (2, 3)
-    assert loader.iterable is loader.loader                      # workers prefetch
+    assert loader.iterable is loader.reader                      # workers prefetch
     two_cpus(monkeypatch)                                       # explicit 0: synchronous
     loader = make_loader(root, image_size=(32, 32), num_workers=0, log_every=0)
-    assert loader.iterable is loader.loader
+    assert loader.iterable is loader.reader
     with pytest.raises(ValueError, match="prefetch_factor"):   # DataLoader's own refusal
         make_loader(root, image_size=(32, 32), num_workers=0, prefetch_factor=2, log_every=0)
 
@@ -296,7 +296,7 @@ def test_options_that_need_a_worker_process_get_one_on_small_hosts(monkeypatch, 
                     {"worker_init_fn": functools.partial(mark_worker, tmp_path)}):
         loader = make_loader(root, image_size=(32, 32), log_every=0, **options)
         assert (loader.num_workers, loader.dataset.threads) == (1, 2), options
-        assert loader.iterable is loader.loader
+        assert loader.iterable is loader.reader
         assert sum(len(b[1]) for b in loader) == len(made)
     assert (tmp_path / "worker-0").exists()
 
@@ -321,7 +321,7 @@ def test_the_users_sampler_batch_sampler_and_generator_decide_the_order():
     seq = make_loader(dataset=data, sampler=torch.utils.data.SequentialSampler(data),
                       batch_size=5, num_workers=0, log_every=0)
     assert batches(seq) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
-    assert isinstance(seq.loader.sampler, torch.utils.data.SequentialSampler)
+    assert isinstance(seq.sampler, torch.utils.data.SequentialSampler) and seq.reader.sampler is seq.sampler
 
     backwards = make_loader(dataset=data, sampler=list(range(11, -1, -1)), batch_size=6,
                             num_workers=0, log_every=0)
