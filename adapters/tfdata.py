@@ -14,16 +14,19 @@ tfcache), shuffle, batch, prefetch. Importing this module imports TensorFlow.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter
+from typing import Any
 
+import numpy as np
 import tensorflow as tf
-
-from .errors import DataRootError
 
 from . import tfcache
 from .dataroot import data_root, hot_copy_at
-from .imagefolder import IMAGE_EXTENSIONS, list_image_folder
+from .errors import DataRootError
+from .imagefolder import KERAS, list_image_folder
+from .tfdecode import decode_named
 from .tiered import list_tiered
 from .timing import ENV_LOG, Summary, emit, summarize
 
@@ -49,43 +52,136 @@ def _dataset_version(root: Path, files: list[str]) -> dict:
     return {"listing": tfcache.fingerprint({"files": stats})}
 
 
+SUBSETS = ("training", "validation", "both")
+
+
 def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
                  image_size: tuple[int, int] | None = None, kind: str = "auto",
-                 decode: bool = True, map_fn=None, cache_dir: str | os.PathLike | None = None,
+                 decode: bool = True, map_fn: Callable[..., Any] | None = None,
+                 cache_dir: str | os.PathLike | None = None,
                  shuffle: bool = True, shuffle_buffer: int = 1024, seed: int | None = None,
                  drop_remainder: bool = False, deterministic: bool | None = None,
-                 features: tuple[str, str] = ("image", "label")) -> tf.data.Dataset:
+                 features: tuple[str, str] = ("image", "label"),
+                 validation_split: float | None = None, subset: str | None = None,
+                 follow_links: bool = False) -> Any:
     """A batched `(images, labels)` tf.data pipeline over `root` (default `data_root()`).
 
-    kind: "images" (root/<class>/<image>), "tfrecord" (tf.train.Example records with a
-    bytes feature and an int64 feature named by `features`), or "auto".
-    image_size: (height, width) to resize to; images come out uint8 H×W×3.
+    kind: "images" (root/<class>/<image>, listed as Keras's image_dataset_from_directory
+    lists it: its formats, which tf.io.decode_image reads, and `follow_links`), "tfrecord"
+    (tf.train.Example records with a bytes feature and an int64 feature named by
+    `features`), or "auto". An image folder's dataset carries Keras's `class_names` and
+    `file_paths`.
+    image_size: (height, width) to resize to; images come out uint8 H×W×3, the resized
+    pixels rounded to the nearest level (Keras keeps the float; within 0.5 of it).
     decode=False hands the encoded bytes to `map_fn` instead.
     cache_dir: cache the decoded (and mapped) samples under this folder, in a subfolder
     keyed by the data's version and these settings.
+    validation_split, subset ("training", "validation", or "both": a (training,
+    validation) pair): Keras's split of an image folder's files, the same files as
+    image_dataset_from_directory with the same seed.
 
     root may be a DataRoot with a cold root (DATA_COLD_ROOT, image folders): each file is
     read from the hot copy when the copy holds it, else from the cold root, and `timed()`
     over the returned dataset reports the share of samples served hot."""
+    _check_split(validation_split, subset, shuffle, seed)
     root = root if root is not None else data_root()
     tiers = getattr(root, "tiers", None)
     root = Path(root).resolve()
     tfrecords = _tfrecord_files(root) if kind in ("auto", "tfrecord") else []
     if kind == "auto":
         kind = "tfrecord" if tfrecords else "images"
+    if kind == "tfrecord" and validation_split:
+        raise ValueError("validation_split splits an image folder's files; split TFRecord "
+                         "shards into two folders instead")
+    settings = dict(image_size=image_size, decode=decode, map_fn=map_fn, cache_dir=cache_dir,
+                    shuffle=shuffle, shuffle_buffer=shuffle_buffer, seed=seed,
+                    batch_size=batch_size, drop_remainder=drop_remainder,
+                    deterministic=deterministic, features=features, kind=kind)
+    if kind == "tfrecord":
+        return _pipeline(root, tiers, None, tfrecords=tfrecords, **settings)
+    listing = _image_listing(root, tiers, follow_links)
+    if not validation_split:
+        return _pipeline(root, tiers, listing, **settings)
+    training, validation = _split(listing, validation_split, shuffle, seed)
+    if subset == "training":
+        return _pipeline(root, tiers, training, **settings)
+    if subset == "validation":
+        return _pipeline(root, tiers, validation, **{**settings, "shuffle": False})
+    return (_pipeline(root, tiers, training, **settings),       # "both", as Keras returns it
+            _pipeline(root, tiers, validation, **{**settings, "shuffle": False}))
+
+
+def _check_split(validation_split: float | None, subset: str | None, shuffle: bool,
+                 seed: int | None) -> None:
+    """Keras's rules (check_validation_split_arg), with its messages."""
+    if validation_split and not 0 < validation_split < 1:
+        raise ValueError(f"`validation_split` must be between 0 and 1, received: {validation_split}")
+    if (validation_split or subset) and not (validation_split and subset):
+        raise ValueError("If `subset` is set, `validation_split` must be set, and inversely.")
+    if subset not in (*SUBSETS, None):
+        raise ValueError(f'`subset` must be either "training", "validation" or "both", received: {subset}')
+    if validation_split and shuffle and seed is None:
+        raise ValueError("If using `validation_split` and shuffling the data, you must provide a "
+                         "`seed` argument, to make sure that there is no overlap between the "
+                         "training and validation subset.")
+
+
+class _Listing:
+    """An image folder's files (full paths), labels, class names, and for tiered reads
+    whether the hot copy serves each file."""
+
+    def __init__(self, files: list[str], labels: list[int], classes: list[str],
+                 hot: list[bool] | None = None):
+        self.files, self.labels, self.classes, self.hot = files, labels, classes, hot
+
+    def take(self, part: slice) -> "_Listing":
+        return _Listing(self.files[part], self.labels[part], self.classes,
+                        None if self.hot is None else self.hot[part])
+
+
+def _image_listing(root: Path, tiers, follow_links: bool) -> _Listing:
+    if tiers is not None:
+        rels, labels, classes = list_tiered(tiers, KERAS)
+        return _Listing([tiers.path(r) for r in rels], labels, classes,
+                        [tiers.is_hot(r) for r in rels])
+    listed, labels, classes = list_image_folder(root, KERAS, follow_links=follow_links)
+    return _Listing(list(listed), labels, classes)   # tf.data holds them as one tensor anyway
+
+
+def _split(listing: _Listing, validation_split: float, shuffle: bool,
+           seed: int | None) -> tuple[_Listing, _Listing]:
+    """Keras's split (index_directory, get_training_or_validation_split): the files
+    shuffled by numpy's RandomState(seed) when shuffling, the last int(split × n) for
+    validation."""
+    order = np.arange(len(listing.files))
+    if shuffle:
+        np.random.RandomState(seed).shuffle(order)
+    whole = _Listing([listing.files[i] for i in order], [listing.labels[i] for i in order],
+                     listing.classes, None if listing.hot is None else [listing.hot[i] for i in order])
+    n_val = int(validation_split * len(whole.files))
+    if not n_val or n_val == len(whole.files):
+        raise DataRootError(f"validation_split={validation_split} of {len(whole.files)} files "
+                            f"leaves one subset empty", hint="use a split that leaves files in both")
+    return whole.take(slice(None, -n_val)), whole.take(slice(-n_val, None))
+
+
+def _pipeline(root: Path, tiers, listing: _Listing | None, *, image_size, decode, map_fn,
+              cache_dir, shuffle, shuffle_buffer, seed, batch_size, drop_remainder,
+              deterministic, features, kind, tfrecords=()) -> Any:
     prepare = _preparer(decode, image_size, map_fn)
     # Shuffling the file list suffices unless a cache freezes the order it was written in.
     early = bool(shuffle and not cache_dir)
-    if kind == "tfrecord":
-        ds, files = _records(root, tfrecords, features, prepare, shuffle=early, seed=seed,
+    if listing is None:
+        ds, files = _records(root, list(tfrecords), features, prepare, shuffle=early, seed=seed,
                              deterministic=deterministic)
     else:
-        ds, files = _images(root, tiers, prepare, shuffle=early, seed=seed,
-                            deterministic=deterministic)
+        ds, files = _images(listing, prepare, shuffle=early, seed=seed, deterministic=deterministic)
+        tiers = tiers if listing.hot is not None else None
     if cache_dir:
         settings = {"kind": kind, "image_size": image_size, "decode": decode, "features": features,
                     "map_fn": tfcache.function_identity(map_fn), "root": str(root),
-                    "data": _dataset_version(root, files), "tf": tf.__version__}
+                    "data": _dataset_version(root, files), "tf": tf.__version__,
+                    "pixels": "rounded"}
         ds = ds.cache(str(_cache_folder(cache_dir, root, settings)))
     if shuffle and (cache_dir or kind == "tfrecord"):
         # Sample-level shuffle only where file order alone is not enough: records sit in
@@ -93,22 +189,31 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
         # buffer delays the first batch, so plain image folders skip it.)
         ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     ds = ds.batch(batch_size, drop_remainder=drop_remainder, num_parallel_calls=AUTOTUNE)
-    if tiers is None or kind != "images":
-        return ds.prefetch(AUTOTUNE)
-    log = TierLog()
-    ds = log.strip(ds).prefetch(AUTOTUNE)
-    ds._hotcache_tiers = log          # BatchTimer (timed) reads it
+    if tiers is not None and listing is not None:
+        log = TierLog()
+        ds = log.strip(ds)
+        ds = ds.prefetch(AUTOTUNE)
+        ds._hotcache_tiers = log      # BatchTimer (timed) reads it
+    else:
+        ds = ds.prefetch(AUTOTUNE)
+    if listing is not None:           # what Keras's image_dataset_from_directory sets
+        ds.class_names = listing.classes
+        ds.file_paths = listing.files
     return ds
 
 
 def _preparer(decode: bool, image_size: tuple[int, int] | None, map_fn):
     """(encoded bytes, label) -> the sample: decoded and resized to (height, width) when
     asked, then the user's map_fn."""
-    def prepare(data, label):
+    def prepare(data, label, path=None):
         if decode:
-            data = tf.io.decode_image(data, channels=3, expand_animations=False)
+            data = decode_named(data, path) if path is not None else \
+                tf.io.decode_image(data, channels=3, expand_animations=False)
             if image_size:
-                data = tf.cast(tf.image.resize(data, image_size), tf.uint8)
+                # tf.image.resize gives float32 (Keras keeps it): round to the nearest
+                # level, not down (a cast alone truncates, half a level darker).
+                data = tf.cast(tf.clip_by_value(tf.round(tf.image.resize(data, image_size)),
+                                                0, 255), tf.uint8)
         return (map_fn(data, label) if map_fn else (data, label))
 
     return prepare
@@ -136,22 +241,20 @@ def _records(root: Path, files: list[str], features: tuple[str, str], prepare, *
     return ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic), files
 
 
-def _images(root: Path, tiers, prepare, *, shuffle: bool, seed,
+def _images(listing: _Listing, prepare, *, shuffle: bool, seed,
             deterministic) -> tuple[tf.data.Dataset, list[str]]:
-    """Samples from an image folder; with tiers, each with whether the hot copy served it."""
-    if tiers is not None:
-        rels, labels, _classes = list_tiered(tiers, IMAGE_EXTENSIONS)
-        files = [tiers.path(r) for r in rels]
-        ds = tf.data.Dataset.from_tensor_slices((files, labels, [tiers.is_hot(r) for r in rels]))
+    """Samples from an image folder; for tiered reads each with whether the hot copy
+    served it."""
+    files = listing.files
+    if listing.hot is not None:
+        ds = tf.data.Dataset.from_tensor_slices((files, listing.labels, listing.hot))
     else:
-        listed, labels, _classes = list_image_folder(root)
-        files = list(listed)   # tf.data holds them as one tensor anyway
-        ds = tf.data.Dataset.from_tensor_slices((files, labels))
+        ds = tf.data.Dataset.from_tensor_slices((files, listing.labels))
     if shuffle:
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
 
     def load(path, label, *hot):
-        sample = prepare(tf.io.read_file(path), tf.cast(label, tf.int64))
+        sample = prepare(tf.io.read_file(path), tf.cast(label, tf.int64), path)
         return (sample, *hot) if hot else sample
 
     return ds.map(load, num_parallel_calls=AUTOTUNE, deterministic=deterministic), files
