@@ -216,6 +216,9 @@ _WANTS_TEXT = {"string_type", "string_pattern_mismatch"}
 
 def _structural_problems(raw: Any) -> list[Problem]:
     """The model's complaints (types, required and unknown keys), as problems."""
+    if raw is None:
+        return [Problem((), "the spec is empty; give a mapping with `caches:` (start from a "
+                            "file in examples/)")]
     if not isinstance(raw, dict):
         return [Problem((), "must be a mapping with `caches:` (start from a file in examples/)")]
     try:
@@ -463,17 +466,17 @@ def parse_spec(text: str, source: str = "<spec>") -> HostSpec:
     model accepts, the host's."""
     doc = Document(text, source)
     problems = doc.duplicates() + _structural_problems(doc.data)
+    spec = None if problems else HostSpec.model_validate(doc.data)
     caches = doc.data.get("caches") if isinstance(doc.data, dict) else None
-    if not problems:
-        spec = HostSpec.model_validate(doc.data)
+    if spec is not None:
         parts: list[_Parts | None] = [_Parts.of(c) for c in spec.caches]
     else:
         parts = [_Parts.salvage(c) for c in caches] if isinstance(caches, list) else []
-    for line in _semantic(parts):
+    for line in _semantic(parts):   # `yaml.path: what`, located by its path
         path, _, message = line.partition(": ")
         problems.append(Problem(parse_path(path), message,
                                 wants_text=message.startswith("must be str")))
-    if problems:
+    if problems or spec is None:
         raise doc.error(problems)
     return spec
 

@@ -180,6 +180,9 @@ def test_plan_and_apply_dash_read_stdin_and_name_it(tmp_path, command):
                                   "  <stdin>:5:5: caches[0].colour: unknown key")
     assert "file not found" not in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+    proc = hotcache(command[0], "-", *command[1:], input="", env=env)
+    assert proc.returncode == 2 and "<stdin>: invalid host spec\n  (top level): the spec " \
+        "is empty" in proc.stderr
 
 
 def test_plan_dash_plans_a_good_spec_from_stdin(tmp_path):
