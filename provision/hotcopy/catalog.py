@@ -28,9 +28,11 @@ def backing_cache(path: Path, data: dict) -> tuple[str, CacheEntry] | None:
     return best
 
 
-def record(dest: Path, meta: dict, state: Path | None) -> str | None:
-    """Record (or update) the copy at `dest` in the mapping when DEST lies on a managed
-    mount; returns the cache's name, or None when no mount of the mapping holds it."""
+def record(dest: Path, meta: dict, state: Path | None, st: os.stat_result) -> str | None:
+    """Record (or re-record) the copy hotcache just published at `dest`, identified by
+    `st`, the fstat of the folder it holds open (never what the path leads to now: a
+    member may have swapped another folder in since), when DEST lies on a managed mount;
+    returns the cache's name, or None when no mount of the mapping holds it."""
     path = mapping.state_path(state and str(state))
     if not path.exists() or backing_cache(dest, mapping.load(path)) is None:
         return None
@@ -40,12 +42,35 @@ def record(dest: Path, meta: dict, state: Path | None) -> str | None:
             return None
         name, entry = found
         copies = dict(entry.hot_copies or {})
-        st = os.lstat(dest)
         copies[str(dest)] = HotCopy.model_validate({**{k: meta.get(k) for k in RECORDED},
                                                     "dev": st.st_dev, "inode": st.st_ino,
                                                     "uid": st.st_uid})
         entry.hot_copies = copies
         return name
+
+
+def update(dest: Path, meta: dict, state: Path | None, st: os.stat_result) -> bool:
+    """A verification's outcome into the record of the copy at `dest`, only when one
+    exists and is this very folder (`st`: the fstat of the folder verified, same device,
+    inode and owner). Verifying never creates a record nor points one at another folder:
+    a folder hotcache did not make stays unrecorded, whatever its metadata says."""
+    path = mapping.state_path(state and str(state))
+    if not path.exists():
+        return False
+    with mapping.editing(path) as data:
+        found = backing_cache(dest, data)
+        old = (found[1].hot_copies or {}).get(str(dest)) if found else None
+        if found is None or old is None or \
+                (old.dev, old.inode, old.uid) != (st.st_dev, st.st_ino, st.st_uid):
+            return False
+        entry = found[1]
+        copies = dict(entry.hot_copies or {})
+        kept = {k: getattr(old, k) for k in ("name", "version", "files", "bytes", "copied_at")}
+        copies[str(dest)] = HotCopy.model_validate({
+            **kept, "verified_at": meta.get("verified_at"), "verify_ok": meta.get("verify_ok"),
+            "dev": st.st_dev, "inode": st.st_ino, "uid": st.st_uid})
+        entry.hot_copies = copies
+        return True
 
 
 def describe(dest: Path, cache: str | None = None) -> dict:

@@ -37,7 +37,8 @@ from hotcache.provision.errors import DriftError, HotcacheError, RefusedError, U
 from hotcache.provision.hotcopy.filecopy import CHUNK, Done, FileCopier, Limiter, default_jobs
 from hotcache.provision.hotcopy.lanes import SMALL
 from hotcache.provision.hotcopy.format import (FORMAT, MANIFEST, METADATA, STAGING_SUFFIX,
-                                               label_ok, read_metadata, staging_dir)
+                                               label_ok, metadata_at, read_metadata,
+                                               staging_dir)
 from hotcache.provision.system.clock import now
 from hotcache.provision.system.meter import NullMeter
 from hotcache.provision.hotcopy.selection import Coverage, Entries, Entry, select
@@ -350,7 +351,27 @@ class Place:
             fd = beneath.open_at(place.parent_fd, dest.name, beneath.DIR)
             place.dest_fd, place.dest_st = fd, beneath.expect(fd, st, str(dest))
             place.mountpoint = st.st_dev != os.fstat(place.parent_fd).st_dev
+            try:
+                place.check_replaceable()
+            except BaseException:
+                place.close()
+                raise
         return place
+
+    def check_replaceable(self) -> None:
+        """The folder held at DEST may be replaced: a hot copy, or empty (but for a
+        mountpoint's lost+found and hotcache's staging folder). Read through the
+        descriptor held, never the path, which anyone who can write to DEST's parent can
+        point at another folder (another user's) at any moment."""
+        fd = self.dest_dir
+        names = [n for n in os.listdir(fd)
+                 if n != "lost+found" and not n.endswith(STAGING_SUFFIX)]
+        if not names or metadata_at(fd) is not None:
+            return
+        st = self.dest_stat
+        raise RefusedError(f"destination {self.dest} (owned by uid {st.st_uid}) is not empty "
+                           "and is not a hot copy; hotcache does not overwrite it",
+                           hint="choose a new DEST, or empty that folder yourself")
 
     @property
     def dest_dir(self) -> int:
@@ -394,21 +415,23 @@ def copy(src: Path, dest: Path, opts: CopyOptions,
     if not dest.parent.is_dir():
         raise UsageError(f"the folder {dest.parent} that should hold {dest.name} does not exist",
                          hint=f"mkdir -p {dest.parent}")
-    sel = select(src, include=opts.include, exclude=opts.exclude, list_file=opts.list_file,
-                 fraction=opts.fraction, seed=opts.seed)
-    sizing = advice_for(sel, dest)
-    sel = sized(sel, dest, fit_=opts.fit, budget=opts.budget, margin=opts.margin,
-                seed=opts.seed, redraw=opts.redraw,
-                explicit=opts.fraction is not None or opts.list_file is not None,
-                note=lambda text: meter.note(text))
-    for w in sel.warnings:
-        meter.note(f"warning: {w}")
-    if not sel.entries:
-        raise UsageError(f"no files of {src} were selected",
-                         hint="check --include/--exclude/--list/--fraction")
+    # DEST is held from here on, before SRC is walked (seconds to minutes): a folder
+    # renamed to DEST's name meanwhile is not the one held, and publishing refuses it.
     place = Place.open(dest)
     src_fd = None
     try:
+        sel = select(src, include=opts.include, exclude=opts.exclude,
+                     list_file=opts.list_file, fraction=opts.fraction, seed=opts.seed)
+        sizing = advice_for(sel, dest)
+        sel = sized(sel, dest, fit_=opts.fit, budget=opts.budget, margin=opts.margin,
+                    seed=opts.seed, redraw=opts.redraw,
+                    explicit=opts.fraction is not None or opts.list_file is not None,
+                    note=lambda text: meter.note(text))
+        for w in sel.warnings:
+            meter.note(f"warning: {w}")
+        if not sel.entries:
+            raise UsageError(f"no files of {src} were selected",
+                             hint="check --include/--exclude/--list/--fraction")
         from hotcache.provision.system.beneath import open_root
 
         src_fd = open_root(src)
@@ -474,9 +497,10 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> C
             os.fchown(top, *owner)
         if mode is not None or not place.mountpoint:
             os.fchmod(top, dir_mode(mode) if mode is not None else 0o755)
+        published = os.fstat(top)      # the folder hotcache made, whatever DEST is now
     finally:
         staging.close()
-    recorded = _record(dest, meta, opts.state, meter)
+    recorded = _record(dest, meta, opts.state, meter, published)
     return {**summary, "version": meta["version"], "changed": True,
             "copied_at": meta["copied_at"], "cache": recorded}
 
@@ -759,6 +783,7 @@ def _publish(staging: Staging, place: Place, meter: NullMeter,
     elif not os.listdir(place.dest_dir):
         beneath.rename_at(pfd, staging.name, pfd, dest.name)   # replaces the empty folder
     else:
+        place.check_replaceable()     # still a hot copy: filled meanwhile, it is kept
         try:
             beneath.rename_at(pfd, staging.name, pfd, dest.name, beneath.RENAME_EXCHANGE)
             aside = staging.name
@@ -810,13 +835,14 @@ def _publish_into_mountpoint(staging: Staging, place: Place) -> None:
     os.fsync(dfd)
 
 
-def _record(dest: Path, meta: dict, state: Path | None, meter: NullMeter) -> str | None:
+def _record(dest: Path, meta: dict, state: Path | None, meter: NullMeter,
+            st: os.stat_result) -> str | None:
     """Note the copy in the mapping. The copy is already published, so a mapping that
     cannot be written is a warning, not a failed copy."""
     from hotcache.provision.hotcopy.catalog import record
 
     try:
-        return record(dest, meta, state)
+        return record(dest, meta, state, st)
     except (HotcacheError, OSError) as exc:
         meter.note(f"warning: {dest} is published but not recorded in the mapping: {exc}")
         return None

@@ -123,25 +123,33 @@ class FileCopier:
         return self._open_source(e)[0]
 
     def _open_source(self, e: Entry) -> tuple[int, os.stat_result]:
-        """open_source, with the fstat that checked it."""
+        """open_source, with the fstat that checked it. Opened non-blocking (a FIFO
+        swapped in for a file would block the open for ever, a device could too), checked
+        to be a regular file, and only then made blocking for the reads."""
         try:
-            fd = beneath.open_at(self.src_fd, e.source, os.O_RDONLY)
+            fd = beneath.open_at(self.src_fd, e.source, os.O_RDONLY | os.O_NONBLOCK)
         except OSError as exc:
             if exc.errno not in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
                 raise
             raise HotcacheError(f"{self.src / e.rel} now leads through a symlink; it was "
                                 "not copied", hint="make sure nobody changes the source "
                                 "during the copy, then run again") from None
-        if not e.ino:
-            return fd, os.fstat(fd)
         try:
-            return fd, beneath.expect(fd, (e.dev, e.ino), e.rel)
+            st = beneath.expect(fd, (e.dev, e.ino), e.rel) if e.ino else os.fstat(fd)
         except beneath.Swapped:
             os.close(fd)
             raise HotcacheError(f"{self.src / e.rel} was replaced by another file since "
                                 "the source was listed; it was not copied",
                                 hint="make sure nobody changes the source during the "
                                      "copy, then run again") from None
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise HotcacheError(f"{self.src / e.rel} is no longer a regular file (a "
+                                f"{stat.filemode(st.st_mode)[0]!r} entry); it was not copied",
+                                hint="make sure nobody changes the source during the copy, "
+                                     "then run again")
+        os.set_blocking(fd, True)
+        return fd, st
 
     def file_mode(self, source_mode: int) -> int:
         return beneath.strip_privilege(self.mode if self.mode is not None else source_mode)

@@ -121,6 +121,19 @@ def read_metadata(dest: Path) -> dict | None:
     return meta
 
 
+def metadata_at(dirfd: int) -> dict | None:
+    """read_metadata for the folder held open as `dirfd`: read through the descriptor, so
+    that what is judged is that folder, whatever its path leads to meanwhile."""
+    try:
+        meta = json.loads(beneath.read_file(dirfd, METADATA, limit=METADATA_LIMIT))
+        manifest = os.stat(MANIFEST, dir_fd=dirfd, follow_symlinks=False)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or not meta.get("complete"):
+        return None
+    return meta if stat.S_ISREG(manifest.st_mode) else None
+
+
 def _unescape(text: str) -> str:
     out, i = [], 0
     while i < len(text):

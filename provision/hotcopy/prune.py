@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hotcache.provision.errors import UsageError
-from hotcache.provision.hotcopy.format import METADATA, STAGING_SUFFIX, read_metadata
+from hotcache.provision.hotcopy.format import METADATA, STAGING_SUFFIX, metadata_at
 from hotcache.provision.hotcopy.staging import made_here
 from hotcache.provision.system import beneath
 
@@ -158,7 +158,7 @@ def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[
     now = time.time() if now is None else now
     found: list[Candidate] = []
     seen: set = set()
-    copies: dict[str, list[tuple[dict, Path]]] = {}
+    copies: dict[str, list[tuple[dict, Path, os.stat_result]]] = {}
 
     def add(kind: str, path: Path, why: str, kept: str | None = None,
             st: os.stat_result | None = None) -> None:
@@ -204,16 +204,16 @@ def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[
                 else:
                     add("refresh-leftover", folder, "named like a refresh leftover",
                         kept="not hotcache's (not recorded)")
-            elif (meta := read_metadata(folder)) is not None:
-                copies.setdefault(str(meta.get("name")), []).append((meta, folder))
+            elif (meta := _metadata_of(folder, st)) is not None:
+                copies.setdefault(str(meta.get("name")), []).append((meta, folder, st))
     for name, versions in sorted(copies.items()):
         versions.sort(key=lambda mv: _version_key(mv[0]), reverse=True)
-        for i, (meta, folder) in enumerate(versions):
+        for i, (meta, folder, st) in enumerate(versions):
             if i >= keep:
                 add("old-version", folder, f"{name} version {meta.get('version')}: "
-                                           f"{i} newer version(s) kept (--keep {keep})")
+                                           f"{i} newer version(s) kept (--keep {keep})", st=st)
             elif _source_gone(meta.get("source")):
-                add("source-gone", folder, f"its source {meta.get('source')} is gone")
+                add("source-gone", folder, f"its source {meta.get('source')} is gone", st=st)
     for cache_dir in tf_caches:
         for folder in sorted(p for p in cache_dir.iterdir()
                              if p.is_dir() and not p.is_symlink()) if cache_dir.is_dir() else []:
@@ -232,6 +232,20 @@ def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[
         users = users_of(c.path)
         c.busy = "; ".join(users) if users else None
     return found
+
+
+def _metadata_of(folder: Path, st: os.stat_result) -> dict | None:
+    """The hot-copy metadata of the folder listed as `st`, read through a descriptor of
+    that very folder: anyone who can write to its parent can point the path at another
+    folder (with a forged `source`) between the listing and the read."""
+    try:
+        fd = _open_dir_nofollow(folder)
+    except OSError:
+        return None
+    try:
+        return metadata_at(fd) if beneath.same(os.fstat(fd), st) else None
+    finally:
+        os.close(fd)
 
 
 def _open_dir_nofollow(path: Path) -> int:

@@ -288,7 +288,7 @@ def _store_outcome(dest: Path, root: int, meta: dict, report: dict, state: Path 
     """Store the outcome in the metadata (and the mapping); a read-only copy is fine.
     When `held`, a stronger check's failure stands: its mode and failed paths are
     kept, only verified_at moves."""
-    from hotcache.provision.hotcopy.catalog import record
+    from hotcache.provision.hotcopy.catalog import update
 
     # The failed paths let the next `hotcache copy` replace those files even when their
     # size and mtime still look right (bit rot, a write that kept the mtime).
@@ -306,7 +306,7 @@ def _store_outcome(dest: Path, root: int, meta: dict, report: dict, state: Path 
     except PermissionError:
         return False
     try:
-        record(dest, meta, state)
+        update(dest, meta, state, os.fstat(root))
     except (HotcacheError, OSError):
         pass  # the copy's own metadata holds the result; the mapping is a convenience
     return True

@@ -54,6 +54,7 @@ class Code(StrEnum):
     HOT_COPY_MISSING = "HOT_COPY_MISSING"
     HOT_COPY_FAILED_VERIFICATION = "HOT_COPY_FAILED_VERIFICATION"
     HOT_COPY_VERIFY_OLD = "HOT_COPY_VERIFY_OLD"
+    HOT_COPY_UNRECORDED = "HOT_COPY_UNRECORDED"
     CACHE_TOO_SMALL = "CACHE_TOO_SMALL"                  # block cache smaller than its data
     NO_ROOM_TO_REFRESH = "NO_ROOM_TO_REFRESH"            # plain SSD: copies cannot be refreshed
     THRASHING = "THRASHING"
@@ -108,6 +109,8 @@ ADVICE: dict[str, str] = {
     Code.HOT_COPY_FAILED_VERIFICATION: "`hotcache verify {path} --full` names the files; "
                                        "re-run `hotcache copy` to repair it",
     Code.HOT_COPY_VERIFY_OLD: "`hotcache verify {path}`",
+    Code.HOT_COPY_UNRECORDED: "not hotcache's: verifying it does not make it one. To serve "
+                              "that data, `hotcache copy SRC {path}` from its source",
     Code.CACHE_TOO_SMALL: "pin a subset: `hotcache copy SRC DEST --fit` on an SSD filesystem, "
                           "and read the rest from the origin (DATA_COLD_ROOT)",
     Code.NO_ROOM_TO_REFRESH: "make room (`hotcache prune`), or copy with `--fit`",
@@ -395,7 +398,13 @@ def check_space_and_copies(caches: dict, rows: dict[str, StatusRow], opts: Optio
             out.append(Finding("free-space", OK, name, f"{row['mountpoint']}: {share:.0f} % free"))
         for c in copies:
             where = f"hot copy {c['name']} at {c['path']}"
-            if not c["state"].published:
+            if c["state"].published and not c["recorded"]:
+                out.append(Finding.coded("hot-copy", WARNING, c["path"],
+                                         f"{c['path']} holds hot-copy metadata, but hotcache "
+                                         "did not record a copy there (made by someone else, "
+                                         "or swapped in since): it is published nowhere",
+                                         Code.HOT_COPY_UNRECORDED, path=c["path"]))
+            elif not c["state"].published:
                 out.append(Finding.coded("hot-copy", PROBLEM, c["path"],
                                          f"{where} is recorded but {c['state']} (no complete "
                                          "copy is there)",

@@ -135,11 +135,14 @@ def _copy_row(path: str, info: dict) -> dict:
     state, meta = hotcopy_format.copy_state(Path(path))
     src = meta if meta is not None else info
     verified = _timestamp(src.get("verified_at"))
+    # A recorded copy is named as hotcache recorded it: its metadata file may be written
+    # by the copy's owner, who must not rename what the cluster is told it holds.
+    named = info if recorded and info.get("name") else src
     return {
         "path": path,
         "state": state,
-        "name": str(src.get("name") or info.get("name") or os.path.basename(path)),
-        "version": src.get("version"),
+        "name": str(named.get("name") or info.get("name") or os.path.basename(path)),
+        "version": named.get("version"),
         "present": state.published,
         "files": _number(src.get("files")),
         "bytes": _number(src.get("bytes")),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -77,7 +78,8 @@ def record_copy(dest: Path, state: Path) -> None:
     """What `hotcache copy` does once it has published `dest`."""
     from hotcache.provision.hotcopy import catalog
 
-    catalog.record(dest, json.loads((dest / hotcopy_format.METADATA).read_text()), state)
+    catalog.record(dest, json.loads((dest / hotcopy_format.METADATA).read_text()), state,
+                   os.lstat(dest))
 
 
 def samples(text: str) -> dict:
