@@ -81,10 +81,10 @@ def dataset(root, files: int, size: int):
 @pytest.mark.parametrize("as_json", [False, True])
 def test_a_signal_stops_the_copy_with_the_line_the_document_and_its_code(tmp_path, env, sig,
                                                                          code, as_json):
-    src = dataset(tmp_path / "src", 200, 4000)
+    src = dataset(tmp_path / "src", 640, 4000)
     dest = tmp_path / "hot" / "ds"
     dest.parent.mkdir()
-    # one reader held to 128 KiB/s: a batch of 64 files every two seconds or so
+    # one reader held to 128 KiB/s: a batch of 64 files every two seconds, for 20 s
     proc = start_copy(env, src, dest, "-j", "1", "--bwlimit", "128K",
                       *(["--json"] if as_json else []))
     out, err = signal_once_files_are_done(proc, lambda: proc.send_signal(sig))
@@ -102,15 +102,16 @@ def test_a_signal_stops_the_copy_with_the_line_the_document_and_its_code(tmp_pat
 
     again = hotcache("copy", src, dest, "--json", env=env, check=True)
     doc = json.loads(again.stdout)
-    assert doc["files"] == 200 and doc["resumed_files"] >= 1, doc
-    assert doc["copied_files"] + doc["resumed_files"] == 200
+    assert doc["files"] == 640 and doc["resumed_files"] >= 1, doc
+    assert doc["copied_files"] + doc["resumed_files"] == 640
 
 
 def test_sigterm_to_the_whole_group_stops_the_copy_and_its_worker_processes(tmp_path, env):
     """systemd stops a unit by sending SIGTERM to every process in it: with enough small
     files the copy has worker processes, which leave the stopping to the copy."""
-    src = dataset(tmp_path / "src", 2100, 100)      # over lanes.MANY: worker processes
+    src = dataset(tmp_path / "src", 2100, 200)      # over lanes.MANY: worker processes
     dest = tmp_path / "ds"
+    # held to 20 KiB/s: a batch of 64 files about every 0.6 s, for 20 s
     proc = start_copy(env, src, dest, "-j", "2", "--bwlimit", "20K", "--json", group=True)
     ignoring = []
 
