@@ -227,6 +227,11 @@ class LvmCache(Backend):
         if p.restoring and (info is None or info.get("segtype") != "cache"):
             p.refuse(self._missing(entry, vg, lv, info, devs))
             return f"/dev/{vg}/{lv}"
+        if info is None and state.of(entry, LvmCacheState).vg and not adopted:
+            # Built before (its VG recorded) and its LV is gone: renamed, removed, or its
+            # VG not active. Re-creating it would erase both recorded PVs.
+            p.refuse(self._missing(entry, vg, lv, info, devs, "apply"))
+            return f"/dev/{vg}/{lv}"
         mode, policy = spec.effective_mode, spec.tunables.get("policy", "smq")
         settings = _settings(spec.tunables)
         # The SSD joins an existing VG: the adopted LV's, or after a failed SSD was taken
@@ -289,7 +294,8 @@ class LvmCache(Backend):
                            "restore or teardown checks them)", made)
         return f"/dev/{vg}/{lv}"
 
-    def _missing(self, entry, vg: str, lv: str, info: dict | None, devs) -> str:
+    def _missing(self, entry, vg: str, lv: str, info: dict | None, devs,
+                 command: str = "restore") -> str:
         """Why restore cannot re-assemble this cache, naming what is missing (restore
         never builds: re-creating it would erase what the disks hold)."""
         st = state.of(entry, LvmCacheState)
@@ -306,10 +312,12 @@ class LvmCache(Backend):
                 in_vg = pv_vg(self.host, dev.node)
                 where.append(f"the {role} {dev.node} is {'a PV of ' + in_vg if in_vg else 'not a PV'}")
         return (f"{name}: the logical volume {vg}/{lv} (LV UUID {st.lv_uuid or 'not recorded'}) "
-                f"is not found ({'; '.join(where)}). Restore never builds, so nothing was "
-                f"created or erased. If it was renamed, `lvs -o lv_name,lv_uuid {vg}` shows "
-                f"it and `lvrename {vg} NEW-NAME {lv}` gives it back its recorded name; "
-                "then run `hotcache restore` again")
+                f"is not found ({'; '.join(where)}). {command.capitalize()} never "
+                "rebuilds a recorded cache, so nothing was created or erased. If it was "
+                f"renamed, `lvs -o lv_name,lv_uuid {vg}` shows it and `lvrename {vg} "
+                f"NEW-NAME {lv}` gives it back its recorded name; if its volume group is "
+                f"not active, `vgchange --activate y {vg}`; then run `hotcache {command}` "
+                "again")
 
     def _attach(self, p, spec, vg, lv, cache, mode, policy, settings) -> None:
         """Put a cache volume on the SSD and attach it to the origin LV; lvconvert keeps

@@ -86,6 +86,9 @@ class Planner:
         self.refusals: list[str] = []
         self.start = len(plan.steps)
         self.known_images: set[str] = set()   # image files the mapping says hotcache made
+        # Devices of a cache the mapping records as built, proven its own (backend.owns):
+        # they hold its data, so nothing destructive is ever queued on them.
+        self.own_devices: set[str] = set()
 
     def command(self, summary: str, argv: list, *, capture: str | None = None,
             destructive: bool = False, devices: tuple[str, ...] = (),
@@ -101,6 +104,15 @@ class Planner:
                         f"`{shlex.join(str(a) for a in argv)}`); restore never builds or "
                         "erases. Something the mapping records is missing: `hotcache status "
                         f"{self.cache}` names it")
+            return
+        hit = sorted(a for a in argv if isinstance(a, str) and a in self.own_devices) \
+            if destructive else []
+        if hit:
+            self.refuse(f"{self.cache}: apply would erase {', '.join(hit)} ({summary}), which "
+                        "holds this cache's own data: the mapping records it as built, so "
+                        "something it records is missing. hotcache never rebuilds a built "
+                        f"cache over its own devices: `hotcache status {self.cache}` names "
+                        "what is missing")
             return
         guard = None
         if destructive:
@@ -294,6 +306,8 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: CacheEntry | None, de
         p.refuse(f"{at}: {dev.size / 2**20:.0f} MiB is too small; {spec.backend} needs at "
                  f"least {min_size / 2**20:.0f} MiB here")
     if backend.owns(entry, dev):
+        if entry is not None and entry.state == EntryState.READY and isinstance(dev.node, str):
+            p.own_devices.add(dev.node)
         return
     if dev.report is not None:
         rep = dev.report
