@@ -164,6 +164,10 @@ class CacheEntry(Record):
     created: str | None = None
     updated: str | None = None
     mode: str | None = None
+    # Whether the cache ever ran in writeback since it was built (None: not known, a
+    # record older than this field): a writethrough cache that never did holds no dirty
+    # block even when a failed kernel no longer reports the count.
+    writeback_ever: bool | None = None
     tunables: dict[str, Any] | None = None
     devices: dict[str, DeviceRecord]
     cached_device: str | None = None

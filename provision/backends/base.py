@@ -26,6 +26,10 @@ class Failure:
     """The kernel's own verdict that a cache device failed."""
     said: str                   # what the kernel reports, in its words where it has them
     dirty_bytes: int | None     # written to the cache only, now at risk; None: unknown
+    # The mode in the live kernel table (None: not read): with no dirty count from the
+    # kernel, only a cache whose table says writethrough and that never ran in writeback
+    # has nothing at risk (blocks made dirty before a switch drain in the background).
+    live_mode: str | None = None
 
 
 class Backend:

@@ -177,9 +177,15 @@ class Bcache(Backend):
             return None
         d = sb.bdev_dir(h, node)
         gone = "" if h.is_dir(sb.set_dir(cset)) else " and the cache set is no longer registered"
-        dirty = sb.parse_human(h.read(f"{d}/dirty_data") or "0")
+        said = h.read(f"{d}/state")
+        dirty: int | None = sb.parse_human(h.read(f"{d}/dirty_data") or "0")
+        if said == "dirty" and not dirty:
+            # A backing device waiting for its dirty cache set counts dirty_data only
+            # once attached: it holds an unknown amount, never "none".
+            dirty = None
         return Failure(f"bcache runs {node} without its cache set {cset} (state "
-                       f"{h.read(f'{d}/state')}{gone}): the kernel detached the cache", dirty)
+                       f"{said}{gone}): the kernel detached the cache", dirty,
+                       sb.selected(h.read(f"{d}/cache_mode") or "") or None)
 
     def stats(self, entry, nodes) -> CacheStats:
         node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid

@@ -13,7 +13,8 @@ on the PVs, so after a boot only the activation is missing, which `hotcache rest
 from __future__ import annotations
 
 from hotcache.provision.backends.parts.dmflush import MIN_MIGRATION, ensure_writeback, wait_clean
-from hotcache.provision.backends.parts.dmtable import cache_stats, parse_status, status_failure
+from hotcache.provision.backends.parts.dmtable import (cache_stats, live_mode, parse_status,
+                                                     status_failure)
 from hotcache.provision.block import probe
 from hotcache.provision.block.host import Host
 from hotcache.provision.errors import HotcacheError, ProbeFailed, RefusedError
@@ -349,11 +350,12 @@ class LvmCache(Backend):
         health = (rows[0].get("lv_health_status") or "") if rows else ""
         kernel = self._kernel_status(vg, lv)
         if health in ("partial", "failed", "refresh needed"):
-            dirty = 0 if entry.mode in ("writethrough", "passthrough") else \
-                _dirty_bytes(self.host, kernel)
+            # The mode the kernel runs, or for an inactive LV the one LVM would load
+            mode = live_mode(self.host.runner, kernel) if kernel else \
+                (lv_info(self.host, vg, lv) or {}).get("cache_mode")
             return Failure(f"LVM reports {vg}/{lv} {health}"
                            + (" (a PV of its volume group is missing)" if health == "partial"
-                              else ""), dirty)
+                              else ""), _dirty_bytes(self.host, kernel), mode)
         return status_failure(self.host.runner, kernel, entry) if kernel else None
 
     def _kernel_status(self, vg: str, lv: str) -> list[str] | None:

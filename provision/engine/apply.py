@@ -673,6 +673,17 @@ def recorded_spec(spec: CacheSpec) -> dict:
     return without_wipe(spec.model_dump(mode="json", exclude_none=True))
 
 
+def _writeback_ever(old: CacheEntry | None, mode: str | None) -> bool | None:
+    """The entry's writeback_ever after this apply: once True, True for good; unknown
+    for a cache recorded before it was kept (unless it is writeback now)."""
+    now_wb = mode == "writeback"
+    if old is None:
+        return now_wb
+    if old.writeback_ever is None:
+        return True if now_wb or old.mode == "writeback" else None
+    return old.writeback_ever or now_wb
+
+
 def _write_entry(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
             fs_uuid: str, target, state: EntryState, *, seed: CacheEntry | None = None,
             reattached: bool = False) -> None:
@@ -709,6 +720,7 @@ def _write_entry(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunCon
             created=old.created if old and old.created else now(),
             updated=now(),
             mode=spec.effective_mode,
+            writeback_ever=_writeback_ever(old, spec.effective_mode),
             tunables=dict(spec.tunables),
             devices={role: DeviceRecord.model_validate(info) for role, info in devices.items()},
             cached_device=cached,

@@ -197,8 +197,9 @@ def cache_failure(entry: CacheEntry, host: Host,
         return None
     said = [x for x in (verdict and verdict.said, unreadable, unanswered) if x]
     dirty = verdict.dirty_bytes if verdict else None
-    if dirty is None and entry.mode in ("writethrough", "passthrough"):
-        dirty = 0
+    if dirty is None and verdict is not None and entry.writeback_ever is False \
+            and verdict.live_mode in ("writethrough", "passthrough"):
+        dirty = 0               # every write reached the origin before it completed
     if dirty == 0:
         risk = "no dirty data at risk: every write reached the origin"
     elif dirty is None:

@@ -139,7 +139,23 @@ def status_failure(runner: Runner, argv: list[str], entry) -> Failure | None:
         st = parse_status(res.stdout)
         dirty: int | None = st["dirty_blocks"] * st["block_sectors"] * 512
     except (IndexError, ValueError):
-        dirty = None            # Fail reports no counters
-    if entry.mode in ("writethrough", "passthrough"):
-        dirty = 0               # every write reached the origin before it completed
-    return Failure(said, dirty)
+        dirty = None            # Fail reports no counters: unknown, never the recorded mode
+    return Failure(said, dirty, live_mode(runner, argv))
+
+
+def live_mode(runner: Runner, status_argv: list[str]) -> str | None:
+    """The cache mode in the live table (`dmsetup table`, answered from the kernel without
+    I/O to the devices) of the device `status_argv` asks about; None when unreadable."""
+    argv = ["table" if a == "status" else a for a in status_argv]
+    try:
+        res = runner.query(argv, check=False)
+    except HotcacheError:
+        return None
+    f = res.stdout.split() if res.returncode == 0 else []
+    if len(f) < 9 or f[2] != "cache":
+        return None
+    features = f[8:8 + int(f[7])] if f[7].isdigit() else []
+    for mode in ("writethrough", "passthrough", "writeback"):
+        if mode in features:
+            return mode
+    return "writeback"          # the kernel's default when the table names none

@@ -21,14 +21,17 @@ LIVE = "0 2097152 cache 8 33/1024 128 900/960 10 2 3 4 0 5 {dirty} 1 {mode} 2 " 
        "migration_threshold 2048 smq 0 rw -"
 
 
-def dm_cache(host, env, *, mode="writethrough", status_line=None, dirty=0):
+def dm_cache(host, env, *, mode="writethrough", status_line=None, dirty=0,
+             writeback_ever: bool | None = False, live: str | None = None):
+    """`mode`: the recorded one; `live`: the live table's (default the same)."""
     host.disk("vda", "ssd1", 64)
     host.disk("vdc", "hdd1", 1024, type="xfs", uuid=FS)
-    host.tables["hc-c1"] = f"0 2097152 cache 254:1 254:2 254:3 128 1 {mode} smq 0"
+    host.tables["hc-c1"] = f"0 2097152 cache 254:1 254:2 254:3 128 1 {live or mode} smq 0"
     host.tables["hc-c1-meta"] = "0 8192 linear 254:0 0"
     host.tables["hc-c1-data"] = "0 122880 linear 254:0 8192"
-    host.statuses["hc-c1"] = status_line or LIVE.format(dirty=dirty, mode=mode)
-    save(env, c1=entry(spec=dict(SPEC, mode=mode)))
+    host.statuses["hc-c1"] = status_line or LIVE.format(dirty=dirty, mode=live or mode)
+    save(env, c1={**entry(spec=dict(SPEC, mode=mode)),
+                  **({} if writeback_ever is None else {"writeback_ever": writeback_ever})})
 
 
 def row(host, env) -> dict:
@@ -59,6 +62,31 @@ def test_status_names_the_kernels_verdict(host, env, line, said):
     assert message.startswith("cache failed: /dev/disk/by-id/virtio-ssd1: ") and said in message
     assert "no dirty data at risk" in message          # writethrough
     assert got["cache_failed"]["dirty_bytes"] == 0
+
+
+@pytest.mark.parametrize("how", ["ran in writeback", "history unknown", "table says writeback"])
+def test_a_silent_kernel_is_dirty_data_unknown_unless_nothing_could_be_dirty(host, env, how):
+    """Fail reports no counters. Only a cache whose live table is writethrough and that
+    never ran in writeback has nothing at risk; the recorded mode alone never says so."""
+    dm_cache(host, env, status_line="0 2097152 cache Fail",
+             writeback_ever={"ran in writeback": True, "history unknown": None}.get(how, False),
+             live="writeback" if how == "table says writeback" else None)
+    got = row(host, env)
+    assert got["cache_failed"]["dirty_bytes"] is None, got["cache_failed"]
+    assert "dirty data at risk: unknown" in got["cache_failed"]["message"]
+    with pytest.raises(RefusedError, match="--accept-loss all"):
+        plan_teardown("c1", env, cache_failed=True)
+
+
+def test_the_kernels_dirty_count_wins_over_the_recorded_mode(host, env):
+    """Switched from writeback to writethrough, the dirty blocks drain in the background:
+    the kernel still counts them, and they are at risk."""
+    dm_cache(host, env, status_line=LIVE.format(dirty=7, mode="writethrough").replace(
+        " rw -", " ro -"), writeback_ever=True)
+    got = row(host, env)
+    assert got["cache_failed"]["dirty_bytes"] == 7 * 128 * 512
+    with pytest.raises(RefusedError, match="--accept-loss 458752"):
+        plan_teardown("c1", env, cache_failed=True)
 
 
 def test_doctor_leads_to_the_way_out(host, env):
@@ -155,8 +183,8 @@ def lvm_cache(host, env, *, mode="writethrough", health="partial", active=True,
             LIVE.format(dirty=0, mode=mode)
     if ssd_gone:
         host.unplug("vda")
-    save(env, c1=entry(spec=dict(SPEC, backend="lvmcache", mode=mode),
-                       backend_state=LV_STATE))
+    save(env, c1={**entry(spec=dict(SPEC, backend="lvmcache", mode=mode),
+                          backend_state=LV_STATE), "writeback_ever": mode == "writeback"})
 
 
 def test_lvmcache_status_names_the_missing_pv(host, env):
@@ -246,3 +274,29 @@ def test_lvmcache_healthy_cache_is_refused(host, env):
     with pytest.raises(RefusedError, match="nothing wrong with the SSD"):
         plan_teardown("c1", env, cache_failed=True)
     assert host.runner.recorded == []
+
+
+@pytest.mark.parametrize("state, dirty_data, want", [
+    ("dirty", "0.0k", None),          # waiting for its dirty set: counted only once attached
+    ("clean", "0.0k", 0),
+    ("dirty", "64.0M", 64 * 2**20),
+])
+def test_bcache_backing_device_waiting_for_a_dirty_set_is_at_risk_not_clean(tmp_path, state,
+                                                                             dirty_data, want):
+    from hotcache.provision.backends.bcache import Bcache
+    from hotcache.provision.records import CacheEntry
+    from tests.helpers import recorded_entry
+    from tests.unit.fakehost import FakeHost
+
+    fake = FakeHost(tmp_path / "host")
+    fake.disk("vdb", "hdd1", 1024)
+    d = "/sys/class/block/vdb/bcache"
+    for name, value in (("state", state), ("dirty_data", dirty_data),
+                        ("cache_mode", "writethrough [writeback] writearound none")):
+        fake.sysfs_file(f"{d}/{name}", value)
+    entry = CacheEntry.model_validate({**recorded_entry("c1", backend="bcache"),
+                                       "mode": "writeback",
+                                       "backend_state": {"cset_uuid": "cset-1"}})
+    verdict = Bcache(fake).failure(entry, {"origin": "/dev/vdb"})
+    assert verdict is not None and verdict.dirty_bytes == want, verdict
+    assert verdict.live_mode == "writeback"
