@@ -84,14 +84,17 @@ def unit_text(cache: str, mountpoint: str, state: Path, fstab: Path,
     mount = mount_unit(mountpoint)
     waits = " ".join(device_unit(d) for d in devices)
     wait_lines = f"Wants={waits}\nAfter={waits}\n" if waits else ""
-    start = command(program or hotcache_program(), "restore", cache, "--yes",
+    program = program or hotcache_program()
+    start = command(program, "restore", cache, "--yes",
                     "--state", str(state), "--fstab", str(fstab))
+    needs = mounts_for(mountpoint, [program, str(state), str(fstab)])
     return f"""# Written by hotcache apply; removed by hotcache teardown.
 [Unit]
 Description=hotcache: restore block cache {cache} (tables, registration, tunables)
 DefaultDependencies=no
 After=systemd-remount-fs.service local-fs-pre.target
 {wait_lines}Before={mount} local-fs.target
+RequiresMountsFor={needs}
 
 [Service]
 Type=oneshot
@@ -101,6 +104,24 @@ ExecStart={start}
 [Install]
 WantedBy=local-fs.target
 """
+
+
+def mounts_for(mountpoint: str, paths: Sequence[str]) -> str:
+    """A RequiresMountsFor= value: the restore needs the filesystems its program, the
+    mapping and fstab live on (a separate /opt or /var is mounted by then, or the
+    restore would fail at every boot). A path beneath the cache's own mountpoint is left
+    out: the restore runs before that mount, which it brings back. Quoted as systemd
+    reads the list (whitespace in quotes, `%` doubled: specifiers are expanded there)."""
+    mp = mountpoint.rstrip("/") + "/"
+    out = []
+    for path in dict.fromkeys(paths):
+        if path.startswith(mp):
+            continue
+        text = path.replace("%", "%%")
+        if any(c.isspace() or c in "\"'\\" for c in text):
+            text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        out.append(text)
+    return " ".join(out)
 
 
 def plan_unit(p, spec) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,17 @@ def test_a_cache_without_restore_unit_requires_none(tmp_path):
     line = fstab.entry("11111111-1111-4111-8111-111111111111", "/mnt/hot", "xfs",
                        fstab_options(spec))
     assert "Requires=" not in generated_mount_unit(tmp_path, line, "/mnt/hot")
+
+
+def test_unit_requires_the_mounts_its_program_mapping_and_fstab_live_on(tmp_path):
+    """With /opt or /var on a filesystem of its own, a restore started before it is
+    mounted fails at every boot: the unit names the paths, systemd adds the mounts."""
+    text = bootunit.unit_text("c1", "/mnt/hot", Path("/var/lib/hotcache/my state.yaml"),
+                              Path("/etc/fstab"), "/opt/hotcache/venv/bin/hotcache")
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("RequiresMountsFor=")]
+    assert line == ('RequiresMountsFor=/opt/hotcache/venv/bin/hotcache '
+                    '"/var/lib/hotcache/my state.yaml" /etc/fstab')
+    # a path on the cache's own filesystem would wait for the mount the restore precedes
+    text = bootunit.unit_text("c1", "/mnt/hot", Path("/mnt/hot/m.yaml"), Path("/etc/fstab"),
+                              "/opt/hc/bin/hotcache")
+    assert "RequiresMountsFor=/opt/hc/bin/hotcache /etc/fstab\n" in text
