@@ -30,6 +30,25 @@ from hotcache.provision.plan import Plan
 from hotcache.provision.records import BcacheState, CacheEntry, DmCacheState, LvmCacheState
 
 
+def _refuse_if_failed(name: str, entry, env: Env, seen: dict) -> None:
+    """A cache whose SSD failed cannot be flushed through it: its plain teardown (the
+    command an admin tries first) and the restore it would otherwise point at both fail
+    on the dead SSD. Say the command that works, with the loss to accept if any."""
+    from hotcache.provision.engine.status import cache_failure
+
+    failed = cache_failure(entry, env.host, seen)
+    if failed is None:
+        return
+    dirty = failed["dirty_bytes"]
+    accept = "" if dirty == 0 else f" --accept-loss {'all' if dirty is None else dirty}"
+    raise RefusedError(
+        f"{failed['message']}. A plain teardown would flush through the failed SSD; "
+        "nothing was changed",
+        hint=f"`hotcache teardown {name} --cache-failed{accept}` takes the cache apart "
+             "without it and leaves the origin with its filesystem"
+             + ("" if dirty == 0 else " (the writes that reached the SSD only are lost)"))
+
+
 def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = False,
                   remove_images: bool = False, cache_failed: bool = False,
                   accept_loss: str | None = None) -> Plan:
@@ -59,6 +78,7 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
             raise UsageError("--cache-failed keeps the origin's filesystem, so it cannot --wipe",
                              hint=f"`hotcache teardown {name} --cache-failed` alone")
         return _plan_failed(name, entry, env, seen, accept_loss)
+    _refuse_if_failed(name, entry, env, seen)
     if why:
         raise RefusedError(
             f"{name} is not live: {why}. Its teardown would skip the flush and lose what "

@@ -56,9 +56,11 @@ class FakeRunner(Runner):
         if argv[:2] == ["dmsetup", "version"]:
             return Result(argv, 0, "Library version:   1.02.185\nDriver version:    4.47.0\n", "")
         if argv[:2] == ["dmsetup", "table"]:
-            table = h.tables.get(argv[2])
+            # by name, or by device number (`-j MAJOR -m MINOR`, keyed "MAJOR:MINOR")
+            key = f"{argv[3]}:{argv[5]}" if argv[2] == "-j" else argv[2]
+            table = h.tables.get(key)
             if table is None:
-                return Result(argv, 1, "", f"Device {argv[2]} does not exist.")
+                return Result(argv, 1, "", f"Device {key} does not exist.")
             return Result(argv, 0, table + "\n", "")
         if argv[:2] == ["dmsetup", "status"]:
             # by name, or by device number (`-j MAJOR -m MINOR`, keyed "MAJOR:MINOR")

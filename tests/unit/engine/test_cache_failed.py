@@ -181,6 +181,8 @@ def lvm_cache(host, env, *, mode="writethrough", health="partial", active=True,
         host.link("/dev/hc_c1/data", "/dev/dm-0")
         host.statuses[host.devnum("/dev/hc_c1/data")] = status_line or \
             LIVE.format(dirty=0, mode=mode)
+        host.tables[host.devnum("/dev/hc_c1/data")] = \
+            f"0 2097152 cache 254:1 254:2 254:3 128 1 {mode} smq 0"
     if ssd_gone:
         host.unplug("vda")
     save(env, c1={**entry(spec=dict(SPEC, backend="lvmcache", mode=mode),
@@ -300,3 +302,29 @@ def test_bcache_backing_device_waiting_for_a_dirty_set_is_at_risk_not_clean(tmp_
     verdict = Bcache(fake).failure(entry, {"origin": "/dev/vdb"})
     assert verdict is not None and verdict.dirty_bytes == want, verdict
     assert verdict.live_mode == "writeback"
+
+
+@pytest.mark.parametrize("backend", ["dm-cache", "lvmcache"])
+@pytest.mark.parametrize("writeback_ever", [False, None])
+def test_a_plain_teardown_of_a_failed_cache_names_the_command_that_works(host, env, backend,
+                                                                        writeback_ever):
+    """The command an admin tries first used to answer "put the recorded disk back" or
+    "restore, then teardown", neither of which can work with the SSD dead."""
+    if backend == "dm-cache":
+        dm_cache(host, env, status_line="0 2097152 cache Fail", writeback_ever=writeback_ever)
+        host.unplug("vda")
+    else:
+        lvm_cache(host, env, health="partial", status_line="0 2097152 cache Fail")
+        if writeback_ever is None:
+            data = mapping.load(env.state)
+            data["caches"]["c1"].writeback_ever = None
+            mapping.save(env.state, data)
+    with pytest.raises(RefusedError) as err:
+        plan_teardown("c1", env)
+    said = str(err.value)
+    want = "hotcache teardown c1 --cache-failed" + (" --accept-loss all" if writeback_ever is None
+                                                     else "`")
+    assert want in said, said
+    assert "restore" not in said and "put the recorded disk" not in said, said
+    assert host.runner.recorded == [] or all(a[0] in ("dmsetup", "lvs", "pvs", "vgs", "blkid")
+                                             for a in host.runner.recorded)
