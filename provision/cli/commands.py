@@ -14,7 +14,7 @@ from hotcache.provision.cli.common import (DryRunOpt, FstabOpt, JsonOpt, StateOp
                                            carry_out, confirm, console, dry_run_report, emit,
                                            holding_state, make_env, need_root, print_table,
                                            refresh_index, run_steps, show_plan)
-from hotcache.provision.errors import ExitCode
+from hotcache.provision.errors import ExitCode, HotcacheError
 from hotcache.provision.system.sizes import size
 
 if TYPE_CHECKING:
@@ -164,7 +164,14 @@ def status(
 
         raise UsageError(f"no cache named {name!r} in the mapping {path}",
                          hint="`hotcache status` without a name lists them all")
-    rows = [] if waiting and name is not None else host_status(path, fstab, Runner(), name)
+    try:
+        rows = [] if waiting and name is not None else host_status(path, fstab, Runner(), name)
+    except (HotcacheError, OSError):
+        if name is None:    # what jobs read must not outlive what root can still prove
+            from hotcache.provision.observe.verified_index import clear
+
+            clear(path)
+        raise
     if interval:
         rows = _over_interval(rows, path, fstab, name, interval)
     drift = any(not r["ok"] for r in rows)

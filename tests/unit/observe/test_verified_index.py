@@ -169,3 +169,28 @@ def test_the_index_is_root_only_and_readable_by_everyone(tmp_path):
     assert verified_index.write(state, [], {}) == verified_index.path_for(state)
     assert verified_index.path_for(state).stat().st_mode & 0o777 == 0o644
     assert verified_index.read(state) == ([], "")
+
+
+def test_a_status_run_that_cannot_check_the_host_empties_the_index(node, monkeypatch):
+    """The metrics timer's `status` as root: when a probe fails, what jobs read is
+    emptied rather than left promising what root can no longer prove."""
+    from hotcache.provision import mapping
+    from hotcache.provision.cli import commands
+    from hotcache.provision.engine import status as engine_status
+    from hotcache.provision.errors import ProbeFailed
+
+    state, _dest = node
+    mapping.save(state, mapping.empty())
+    assert prolog(state, HOTCACHE_DATASET="ds")[0].startswith("export DATA_ROOT=")
+
+    def fails(*args, **kwargs):
+        raise ProbeFailed(["blkid", "/dev/vdb"], 2, "cannot open")
+
+    monkeypatch.setattr(engine_status, "host_status", fails)
+    if os.geteuid() != 0:
+        return                                  # only root writes the index
+    with pytest.raises(ProbeFailed):
+        commands.status(name=None, as_json=False, state=state, fstab=None, prometheus=None,
+                        node_labels=None, slurm_push=False, interval=0)
+    assert verified_index.read(state) == ([], "")
+    assert "no verified hot copy of ds" in refused(prolog(state, HOTCACHE_DATASET="ds"))
