@@ -25,7 +25,8 @@ from pydantic_core import ErrorDetails, InitErrorDetails
 
 from hotcache.provision.system.strenum import StrEnum
 
-__all__ = ["CacheEntry", "EntryState", "DeviceRecord", "Filesystem", "HotCopy", "ValidationError",
+__all__ = ["CacheEntry", "EntryState", "DeviceRecord", "Filesystem", "HotCopy", "OnOrigin",
+           "ValidationError",
            "BackendState", "BcacheState", "DmCacheState", "LvmCacheState", "STATES"]
 
 
@@ -103,6 +104,17 @@ class HotCopy(Record):
     uid: int | None = None
 
 
+class OnOrigin(Record):
+    """A cache whose SSD failed, switched in place to a linear mapping of its origin
+    (backends/parts/failover.py): the filesystem stayed mounted, reads go to the origin,
+    and a boot restores it on the bare origin, never on the failed SSD."""
+    since: str                          # when it was switched (system/clock.py)
+    said: str                           # the kernel's verdict, in its words
+    device: str                         # the device-mapper device switched
+    table: str                          # the linear table loaded
+    replaced: str | None = None         # the cache table it replaced
+
+
 class BackendState(Record):
     """Backend facts a later apply, status, restore or teardown needs (backends/parts/state.py)."""
 
@@ -175,6 +187,7 @@ class CacheEntry(Record):
     persist: Persist | None = None
     backend_state: SerializeAsAny[BackendState] | None = None    # typed per backend
     hot_copies: dict[str, HotCopy] | None = None
+    on_origin: OnOrigin | None = None     # switched to its origin after its SSD failed
     spec: dict[str, Any] = Field(description="the spec it was built from (restore replays it)")
 
     @model_validator(mode="before")

@@ -48,6 +48,8 @@ class Backend:
     block_cache: ClassVar[bool] = True          # a cache in front of the origin (not `none`)
     promotes_gradually: ClassVar[bool] = False  # smq: warm sweeps windows of reads first
     min_bytes: ClassVar[int] = 64 * 2**20       # the smallest device it accepts
+    fails_over: ClassVar[bool] = False          # a failed SSD is switched to the origin in
+    #                                             place (failover_device; the watcher unit)
 
     @classmethod
     def default_mode(cls) -> str:
@@ -105,6 +107,13 @@ class Backend:
         read-only metadata, bcache's detached cache set, LVM's missing or failed PV);
         None when it reports nothing wrong. Reads only what answers without I/O to the
         cache device, so a dead SSD cannot hang it."""
+        return None
+
+    def failover_device(self, entry: "CacheEntry") -> str | None:
+        """The device-mapper name of the cache's top device, the one whose table a
+        fail-over switches to a linear mapping of the origin (backends/parts/failover.py)
+        while the filesystem stays mounted; None: this backend does not fail over so
+        (bcache detaches a failed cache set by itself) or the device is not active."""
         return None
 
     def drop_failed_cache(self, p: "Planner", entry: "CacheEntry", nodes: dict) -> str:

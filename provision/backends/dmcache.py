@@ -83,6 +83,7 @@ class DmCache(Backend):
     kernel_feature = "device-mapper"
     modules = ("dm-cache", "dm-cache-smq")
     promotes_gradually = True   # smq
+    fails_over = True           # its top dm device is switched to the origin in place
     programs = ("dmsetup", "cache_metadata_size", "mkfs.xfs", "dd", "wipefs")
 
     def owns(self, entry, dev):
@@ -216,6 +217,9 @@ class DmCache(Backend):
     def failure(self, entry, nodes):
         names = state.of(entry, DmCacheState).names or dm_names(entry.spec["name"])
         return status_failure(self.host.runner, ["dmsetup", "status", names["cache"]], entry)
+
+    def failover_device(self, entry):
+        return (state.of(entry, DmCacheState).names or dm_names(entry.spec["name"]))["cache"]
 
     def drop_failed_cache(self, p, entry, nodes):
         names = state.of(entry, DmCacheState).names or dm_names(p.cache)

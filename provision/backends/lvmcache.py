@@ -160,6 +160,7 @@ class LvmCache(Backend):
     kernel_feature = "device-mapper"
     modules = ("dm-cache", "dm-cache-smq")
     promotes_gradually = True   # smq
+    fails_over = True           # its top dm device is switched to the origin in place
     programs = ("pvcreate", "vgcreate", "vgextend", "vgreduce", "lvcreate", "lvconvert",
                 "lvchange", "lvs", "dmsetup", "mkfs.xfs", "wipefs")
 
@@ -365,6 +366,13 @@ class LvmCache(Backend):
         except (OSError, ValueError, AttributeError):
             return None
         return ["dmsetup", "status", "-j", major, "-m", minor]
+
+    def failover_device(self, entry):
+        vg, lv, _ = names(self.host, entry, entry.spec["name"])
+        try:
+            return self._dm_name(f"/dev/{vg}/{lv}")
+        except (OSError, ValueError):
+            return None             # not active: nothing to switch
 
     def drop_failed_cache(self, p, entry, nodes):
         """Take the failed cache out of the LV, leaving the LV on the origin alone.

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import typer
 from typer.exceptions import TyperException
 
-from hotcache.provision.cli import cache, commands, copies, kube, observe, slurm
+from hotcache.provision.cli import cache, commands, copies, failover, kube, observe, slurm
 from hotcache.provision.cli.common import emit
 from hotcache.provision.errors import (ExitCode, HotcacheError, Interrupted, OsFailure,
                                       UsageError)
@@ -43,7 +43,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """hotcache: SSD caches, hot copies and input-bound diagnostics for GPU hosts."""
 
 
-for _module in (commands, copies, cache, observe, kube, slurm):
+for _module in (commands, copies, cache, failover, observe, kube, slurm):
     _module.register(app)
 
 

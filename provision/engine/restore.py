@@ -67,11 +67,24 @@ def wait_for_devices(spec: HostSpec, host: Host) -> None:
 
 
 def plan_restore(env, names: list[str] | None = None):
+    """A cache running on its origin since its SSD failed is brought back on the origin
+    alone (onorigin.py), never on the failed SSD; the others as they were built."""
+    from hotcache.provision.engine import onorigin
+    from hotcache.provision.plan import Plan
 
-    spec = recorded_spec(env.state, names)
-    wait_for_devices(spec, env.host)
-    _load_modules(env.runner, spec)
-    return plan_apply(spec, env, restoring=True)
+    caches = mapping.load(env.state)["caches"]
+    moved = [n for n in (names or caches) if n in caches and caches[n].on_origin]
+    rest = [n for n in (names or caches) if n not in moved]
+    if rest or not moved:
+        spec = recorded_spec(env.state, rest or names)
+        wait_for_devices(spec, env.host)
+        _load_modules(env.runner, spec)
+        plan = plan_apply(spec, env, restoring=True)
+    else:
+        plan = Plan()
+    for name in moved:
+        onorigin.plan_restore(env, name, caches[name], plan)
+    return plan
 
 
 def _load_modules(runner, spec: HostSpec) -> None:

@@ -13,6 +13,7 @@ from hotcache.provision.backends import get as get_backend
 from hotcache.provision.backends.parts import recorded
 from hotcache.provision.backends.parts.stats import CacheStats
 from hotcache.provision.block.host import Host
+from hotcache.provision.engine import onorigin
 from hotcache.provision.engine.statusrow import (CacheFailure, DeviceSeen, FindingDoc,
                                                  MountFacts, RowFacts, StatusRow, WorkingSet)
 from hotcache.provision.errors import HotcacheError
@@ -143,7 +144,10 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
     backend = get_backend(entry.backend, host)
     found = _Findings()
     devices = _devices(name, entry, host, found)
-    failed = cache_failure(entry, host, {r: d["node"] for r, d in devices.items()})
+    # A cache the fail-over watcher switched to its origin: its record, not a read of
+    # the failed SSD, says what happened.
+    failed = onorigin.failure(entry) or \
+        cache_failure(entry, host, {r: d["node"] for r, d in devices.items()})
     if failed:
         found.cache_failed(failed["message"])
     if entry.state != EntryState.READY:

@@ -204,6 +204,7 @@ class StatusCollector:
                     "Fail or read-only metadata, bcache detached its cache set, LVM a missing "
                     "or failed PV) or the SSD does not answer a read, else 0.",
                     ["cache"]).add_metric([name], int(bool(failed)))
+        self._on_origin(g, name, row)
         if failed and failed["dirty_bytes"] is not None:
             g.gauge("cache_failed_dirty_bytes", "Dirty data (written to the failed cache only) "
                     "at risk, in bytes.", ["cache"]).add_metric([name], failed["dirty_bytes"])
@@ -237,6 +238,22 @@ class StatusCollector:
         for copy in hot_copies(self.entries.get(name), scan):
             if copy["recorded"]:    # a folder hotcache did not make says nothing here
                 self._copy(g, name, copy)
+
+    def _on_origin(self, g: "_Families", name: str, row: StatusRow) -> None:
+        """A cache the fail-over watcher switched to its origin (engine/onorigin.py)."""
+        entry = self.entries.get(name)
+        if not block_cache(row["backend"]) or entry is None:
+            return
+        moved = entry.on_origin
+        g.gauge("cache_on_origin", "1 when the cache's SSD failed and hotcache switched the "
+                "cache, under its mounted filesystem, to a linear mapping of its origin "
+                "(reads go to the HDD), else 0.", ["cache"]).add_metric([name], int(bool(moved)))
+        if moved is not None:
+            import datetime as dt
+
+            since = dt.datetime.fromisoformat(moved.since).timestamp()
+            g.gauge("cache_on_origin_since_seconds", "When the cache was switched to its "
+                    "origin, in seconds since the epoch.", ["cache"]).add_metric([name], since)
 
     def _restore(self, g: "_Families", name: str, row: StatusRow) -> None:
         from hotcache.provision.backends import BACKENDS
