@@ -24,7 +24,7 @@ from hotcache.provision.block.host import Host
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import BACKENDS, get as get_backend
 from hotcache.provision.errors import KernelUnsupported, ProbeFailed, RefusedError
-from hotcache.provision.engine import images, owners, reattach, recheck
+from hotcache.provision.engine import failoverunit, images, owners, reattach, recheck
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
 from hotcache.provision.records import (STATES, BackendState, CacheEntry, DeviceRecord,
                                         EntryState, Filesystem, Persist)
@@ -489,6 +489,8 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
     target = backend.build(p, spec, entry, devs)
     if backend.restores_at_boot:
         bootunit.plan_unit(p, spec)
+    if backend.fails_over:
+        failoverunit.plan_unit(p)
     target_dev = _target_device(host, spec, devs, target)
     # A filesystem the mapping records as made (or that a failed cache's origin kept) is
     # never made again.

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from hotcache.provision import mapping
-from hotcache.provision.engine import bootunit
+from hotcache.provision.engine import bootunit, failoverunit
 from hotcache.provision.engine.apply import fstab_options, plan_apply, recorded_spec
 from hotcache.provision.engine.restore import plan_restore
 from hotcache.provision.engine.teardown import plan_teardown
@@ -87,6 +87,11 @@ def recorded(fake, backend: str, backend_state: dict, target: str, *, state: str
     unit.write_text(bootunit.unit_text("c1", MP, env.state.absolute(), env.fstab.absolute(),
                                        devices=bootunit.device_paths(s)))
     (units / "local-fs.target.wants" / unit.name).symlink_to(unit)
+    if backend in ("dm-cache", "lvmcache"):     # and the fail-over watcher's service
+        watcher = units / failoverunit.UNIT
+        watcher.write_text(failoverunit.unit_text(env.state.absolute()))
+        (units / "multi-user.target.wants").mkdir()
+        (units / "multi-user.target.wants" / watcher.name).symlink_to(watcher)
     if mounted:
         fake.mount(target, MP, "noatime", "nosuid", "nodev")
 
@@ -119,9 +124,17 @@ def fstab_write(fake) -> str:
             f"x-systemd.device-timeout=30s 0 0` to {fake.env_.fstab} (tagged # hotcache:c1)")
 
 
-def first_build_tail(fake, target: str) -> list:
-    return [UNIT.format(units=bootunit.unit_dir()), [*MKFS, target], MKDIR, mount(target),
-            fstab_write(fake), READY]
+WATCHER = "install, enable and start {units}/hotcache-failover.service (switches a cache " \
+          "whose SSD failed to its origin, under the mounted filesystem)"
+
+
+def watcher() -> str:
+    return WATCHER.format(units=bootunit.unit_dir())
+
+
+def first_build_tail(fake, target: str, *, fails_over: bool = False) -> list:
+    return [UNIT.format(units=bootunit.unit_dir()), *([watcher()] if fails_over else []),
+            [*MKFS, target], MKDIR, mount(target), fstab_write(fake), READY]
 
 
 # --- bcache ----------------------------------------------------------------------------
@@ -266,7 +279,7 @@ def test_dmcache_blank_disks(fake):
          "oflag=direct"],
         ["dmsetup", "create", "hc-c1", "--table", DM_TABLE.format(mode="writethrough")],
         "record the dm-cache geometry and table names in the mapping",
-        *first_build_tail(fake, "/dev/mapper/hc-c1"),
+        *first_build_tail(fake, "/dev/mapper/hc-c1", fails_over=True),
     ]
 
 
@@ -303,7 +316,7 @@ def test_dmcache_interrupted_before_the_cache_table_creates_only_that(fake):
     assert plan(fake, "dm-cache") == [
         BUILDING,
         ["dmsetup", "create", "hc-c1", "--table", DM_TABLE.format(mode="writethrough")],
-        *first_build_tail(fake, "/dev/mapper/hc-c1"),
+        *first_build_tail(fake, "/dev/mapper/hc-c1", fails_over=True),
     ]
 
 
@@ -352,7 +365,7 @@ def test_lvmcache_blank_disks_every_lvm_command_is_non_prompting(fake):
          "--cachemode", "writethrough", "--cachepolicy", "smq", "hc_c1/data"],
         "record the PV, VG and LV UUIDs in the mapping (a later restore or teardown "
         "checks them)",
-        *first_build_tail(fake, "/dev/hc_c1/data"),
+        *first_build_tail(fake, "/dev/hc_c1/data", fails_over=True),
     ]
 
 
@@ -385,7 +398,7 @@ def test_lvmcache_interrupted_before_the_cache_was_attached_attaches_it(fake):
          "--cachemode", "writethrough", "--cachepolicy", "smq", "hc_c1/data"],
         "record the PV, VG and LV UUIDs in the mapping (a later restore or teardown "
         "checks them)",
-        *first_build_tail(fake, "/dev/hc_c1/data"),
+        *first_build_tail(fake, "/dev/hc_c1/data", fails_over=True),
     ]
 
 

@@ -26,7 +26,8 @@ from hotcache.provision.system.runner import Runner
 
 from tests.unit.backends.test_plans import (BACKING, BCACHE_STATE, DM_STATE, FS, HDD_MIB,
                                             MKDIR, MP, NOFILE, READY, UNIT, cached_device,
-                                            checked, fstab_write, mount, recorded, steps)
+                                            checked, fstab_write, mount, recorded, steps,
+                                            watcher)
 from tests.unit.backends.test_plans import fake  # noqa: F401  (the fixture)
 
 NEW_CSET = "55555555-5555-4555-8555-555555555555"
@@ -96,6 +97,7 @@ def test_dm_cache_new_ssd_gets_new_tables_over_the_origin_which_is_never_formatt
          "writethrough smq 0"],
         "record the dm-cache geometry and table names in the mapping",
         UNIT.format(units=bootunit.unit_dir()),
+        watcher(),
         checked("/dev/mapper/hc-c1"), MKDIR, mount("/dev/mapper/hc-c1"),
         fstab_write(fake), READY,
     ]
@@ -187,6 +189,7 @@ def test_lvmcache_new_ssd_joins_the_vg_and_is_attached_to_the_lv_in_place(fake):
         "record the PV, VG and LV UUIDs in the mapping (a later restore or teardown "
         "checks them)",
         UNIT.format(units=bootunit.unit_dir()),
+        watcher(),
         fstab_write(fake), READY,
     ]
     # The recorded VG and LV are proven: another VG under the name stops the plan.

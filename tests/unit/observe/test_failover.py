@@ -288,3 +288,13 @@ def test_a_boot_mounts_a_cache_on_its_origin_from_the_origin_alone(host, env):
     assert argvs(plan) == [["mount", "-t", "xfs", "-o", "noatime,nosuid,nodev", "/dev/vdc",
                             "/mnt/c1"]]
     assert not [c for c in host.runner.recorded if "/dev/vda" in c]
+
+
+def test_the_watchers_service_runs_the_watch_after_the_local_filesystems(tmp_path):
+    from hotcache.provision.engine import failoverunit
+
+    text = failoverunit.unit_text(tmp_path / "mappings.yaml", "/opt/hotcache/bin/hotcache")
+    assert f"\nExecStart=/opt/hotcache/bin/hotcache failover --watch --state " \
+           f"{tmp_path}/mappings.yaml\n" in text
+    for line in ("After=local-fs.target", "Restart=always", "WantedBy=multi-user.target"):
+        assert f"\n{line}\n" in text, line

@@ -1,0 +1,63 @@
+"""The fail-over watcher's systemd service, which apply installs beside the restore
+units when a cache's backend can fail over to its origin (`Backend.failover_device`):
+one service for the host, running `hotcache failover --watch` (observe/failover.py),
+started at boot once the local filesystems (and so every restore unit) are up, and
+restarted if it ever stops. Its file goes to HOTCACHE_UNIT_DIR like the restore units."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hotcache.provision.engine.bootunit import DEFAULT_UNIT_DIR, hotcache_program, unit_dir
+from hotcache.provision.system.atomic import write_atomic
+
+UNIT = "hotcache-failover.service"
+
+
+def unit_text(state: Path, program: str | None = None) -> str:
+    from hotcache.provision.system.units import command
+
+    start = command(program or hotcache_program(), "failover", "--watch", "--state", str(state))
+    return f"""# Written by hotcache apply.
+[Unit]
+Description=hotcache: switch a cache whose SSD failed to its origin, under the mounted filesystem
+After=local-fs.target
+Wants=local-fs.target
+
+[Service]
+Type=simple
+ExecStart={start}
+Restart=always
+RestartSec=2
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
+def plan_unit(p) -> None:
+    """Queue writing, enabling and (where systemd runs) starting the watcher's service,
+    if it is not as it should be."""
+    directory = unit_dir()
+    unit = directory / UNIT
+    want = unit_text(p.env.state.absolute())
+    wants = directory / "multi-user.target.wants" / UNIT
+    try:
+        current = unit.read_text()
+    except FileNotFoundError:
+        current = None
+    if current == want and wants.is_symlink():
+        return
+
+    def install(ctx) -> None:
+        if ctx.runner.dry_run:
+            return
+        write_atomic(unit, want, 0o644)
+        wants.parent.mkdir(parents=True, exist_ok=True)
+        if not wants.is_symlink():
+            wants.symlink_to(unit)
+        if directory == Path(DEFAULT_UNIT_DIR) and Path("/run/systemd/system").is_dir():
+            ctx.runner.run(["systemctl", "daemon-reload"])
+            ctx.runner.run(["systemctl", "restart", UNIT])
+    p.do(f"install, enable and start {unit} (switches a cache whose SSD failed to its "
+         "origin, under the mounted filesystem)", install)
