@@ -111,7 +111,7 @@ def test_planted_problems_are_found_with_their_fixes(host):
     make_copy(host.mnt / "sets" / "coco", "coco", True, now - dt.timedelta(days=30))
     for dest in (host.mnt / "imagenet", host.mnt / "sets" / "coco"):   # as `hotcache copy` does
         catalog.record(dest, json.loads((dest / hotcopy_format.METADATA).read_text()),
-                       Path(host.env["HOTCACHE_STATE"]))
+                       Path(host.env["HOTCACHE_STATE"]), os.lstat(dest))
     # 5. the fast tier fills up (under 10 % free).
     st = os.statvfs(host.mnt)
     fill = st.f_bavail * st.f_frsize - st.f_blocks * st.f_frsize // 20
