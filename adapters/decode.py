@@ -28,6 +28,7 @@ from typing import IO
 import numpy as np
 
 from .errors import ImageDecodeError
+from .retry import read_bytes
 
 RESAMPLE = ("bilinear", "nearest", "bicubic", "area", "lanczos")
 _PIL_FILTER = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "area": 4}
@@ -63,8 +64,7 @@ def decode_array(path: str | os.PathLike | bytes, size: tuple[int, int],
         data = path
     else:
         name = os.fsdecode(path)
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_bytes(path)             # an EIO retried while a cache fails over
     if simplejpeg is not None and data[:2] == b"\xff\xd8":
         try:
             return _fast_jpeg(data, size, resample, draft)
@@ -108,8 +108,8 @@ def pillow_decode(path: str | os.PathLike | IO[bytes], size: tuple[int, int] | N
     wh = (size[1], size[0]) if size else None    # Pillow counts (width, height)
     if not hasattr(path, "read"):
         name = os.fsdecode(path)
-        with open(path, "rb") as f:              # a missing file keeps its own error
-            return pillow_decode(f, size, draft, resample, name)
+        # a missing file keeps its own error; an EIO is retried while a cache fails over
+        return pillow_decode(io.BytesIO(read_bytes(path)), size, draft, resample, name)
     try:
         with Image.open(path) as im:
             if draft and wh:

@@ -29,6 +29,7 @@ from torch.utils.data import (Dataset, DistributedSampler, IterableDataset, Samp
 
 from .dataroot import data_root
 from .decode import check_resample, decode_array, pillow_decode
+from .retry import read_bytes
 from .imagefolder import TORCHVISION, Samples, list_image_folder
 from .order import ENV_ORDER, cold_order, write_order
 from .tiered import list_tiered
@@ -136,7 +137,7 @@ class ImageFolderDataset(Dataset):
                                 name=self._name(index))
             sample = self.transform(img) if self.transform else to_tensor(img)
         else:
-            data = source if isinstance(source, bytes) else Path(source).read_bytes()
+            data = source if isinstance(source, bytes) else read_bytes(source)
             sample = self.transform(data) if self.transform else data
         return (sample, self._target(index)), hot
 

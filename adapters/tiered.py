@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import DataRootError, EmptyClassError
+from .retry import read_bytes
 from hotcache.provision.hotcopy.format import MANIFEST, RESERVED, read_manifest
 
 if TYPE_CHECKING:
@@ -55,8 +56,8 @@ class Tiers:
         the copy is read from the cold root; missing from both is an error naming it."""
         if rel in self.members:
             try:
-                with open(os.path.join(self.hot, rel), "rb") as f:
-                    return f.read(), True
+                # an EIO is retried while the cache under the hot copy fails over
+                return read_bytes(os.path.join(self.hot, rel)), True
             except FileNotFoundError:
                 pass
         try:
