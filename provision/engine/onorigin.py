@@ -69,6 +69,8 @@ def plan_restore(env, name: str, entry: CacheEntry, plan: Plan) -> None:
     backend = get_backend(entry.backend, host)
     left = backend.drop_failed_cache(p, entry, {"origin": origin})
     opts = mount_options(CacheSpec.model_validate(without_wipe(entry.spec)))
+    if not os.path.isdir(mp):
+        p.command(f"create mountpoint {mp}", ["mkdir", "--parents", mp])
     p.command(f"mount {name} on {mp} from its origin ({message(entry)})",
               ["mount", "-t", FSTYPE, "-o", ",".join(opts), left, mp])
     plan.notes.append(f"{name}: {message(entry)}. The failed SSD is never used again: "

@@ -285,7 +285,8 @@ def test_a_boot_mounts_a_cache_on_its_origin_from_the_origin_alone(host, env):
     save(env, c1={**entry(spec=dict(SPEC, mode="writethrough")), "on_origin": ON_ORIGIN})
     host.disk("vdc", "hdd1", 1024, type="xfs", uuid=FS)
     plan = plan_restore(env, ["c1"])
-    assert argvs(plan) == [["mount", "-t", "xfs", "-o", "noatime,nosuid,nodev", "/dev/vdc",
+    assert argvs(plan) == [["mkdir", "--parents", "/mnt/c1"],
+                           ["mount", "-t", "xfs", "-o", "noatime,nosuid,nodev", "/dev/vdc",
                             "/mnt/c1"]]
     assert not [c for c in host.runner.recorded if "/dev/vda" in c]
 
