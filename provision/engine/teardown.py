@@ -36,7 +36,9 @@ def _refuse_if_failed(name: str, entry, env: Env, seen: dict) -> None:
     on the dead SSD. Say the command that works, with the loss to accept if any."""
     from hotcache.provision.engine.status import cache_failure
 
-    failed = cache_failure(entry, env.host, seen)
+    from hotcache.provision.engine import onorigin
+
+    failed = onorigin.failure(entry) or cache_failure(entry, env.host, seen)
     if failed is None:
         return
     dirty = failed["dirty_bytes"]
@@ -146,7 +148,9 @@ def _plan_failed(name: str, entry: CacheEntry, env: Env, seen: dict,
     from hotcache.provision.engine.status import cache_failure
     from hotcache.provision.system.sizes import parse_size
 
-    failed = cache_failure(entry, env.host, seen)
+    from hotcache.provision.engine import onorigin
+
+    failed = onorigin.failure(entry) or cache_failure(entry, env.host, seen)
     if failed is None:
         raise RefusedError(
             f"the kernel reports nothing wrong with the SSD of {name}, and it answers reads; "
