@@ -62,7 +62,8 @@ def test_the_mapping_a_real_apply_wrote_saves_back_unchanged(sandbox):
     before = state.read_text()
     # The keys, their order and their nulls, as hotcache wrote them before the records.
     entry = yaml.safe_load(before)["caches"]["hot"]
-    assert list(entry) == ["backend", "state", "created", "updated", "mode", "tunables",
+    assert list(entry) == ["backend", "state", "created", "updated", "mode", "writeback_ever",
+                           "tunables",
                            "devices", "cached_device", "filesystem", "persist",
                            "backend_state", "hot_copies", "spec"]
     assert list(entry["devices"]["origin"]) == ["node", "size", "by_id", "identity", "loop_file"]
