@@ -359,3 +359,119 @@ def test_failed_writeback_ssd_needs_the_loss_acknowledged():
         "detached", {})
     sh("dmsetup", "remove", dm)
     sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
+
+
+def _read_uncached(path) -> bytes:
+    """The file's bytes from the device: its pages dropped from the page cache first."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def test_failover_keeps_the_filesystem_mounted_and_readers_reading():
+    """A writethrough dm-cache whose SSD switches to the error target while two readers
+    loop over its files (each read from the device): the watcher, as its service runs it
+    (`hotcache failover --watch`), switches the cache to a linear mapping of its origin;
+    the filesystem stays mounted throughout; the reader that retries EIO as the loaders
+    do (adapters/retry.py) gets every file right in every pass, the plain reader's failed
+    reads are counted; afterwards every file is right, status says "running on the origin
+    since", and the mapping records it for the reboot (guest_safety_reboot.py). Reuses
+    the dm-cache pair the cases above freed."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from hotcache.adapters.retry import retrying
+
+    ssd = "/dev/disk/by-id/virtio-ssd-part4"
+    sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
+    sectors = int(sh("blockdev", "--getsz", ssd).stdout)
+    dm, name = "fossd", "fo"
+    sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table",
+       f"0 {sectors} linear {os.path.realpath(ssd)} 0")
+    sh("udevadm", "settle")
+    spec = PERSIST / f"spec-{name}.yaml"
+    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
+        "name": name, "backend": "dm-cache", "mode": "writethrough",
+        "origin": {"path": "/dev/disk/by-id/virtio-hdd-part6", "wipe": True},
+        "cache": f"/dev/mapper/{dm}", "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    assert (PERSIST / "units" / "hotcache-failover.service").exists()
+    mp = MOUNTS / name
+    folder = mp / "data"
+    sums = write_files(folder, 40, 64 * 1024, "f")
+    for _ in range(3):                  # read through the cache (smq promotes re-reads)
+        drop_caches()
+        assert checksums(folder, "f") == sums
+    (PERSIST / f"sums-{name}.json").write_text(json.dumps(sums))
+
+    log = PERSIST / "failover-watch.log"
+    watcher = subprocess.Popen([str(os.path.join(os.path.dirname(sys.executable), "hotcache")),
+                                "failover", "--watch", "--interval", "0.5"],
+                               stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    stop = threading.Event()
+    seen = {"plain_failed": 0, "plain_reads": 0, "retried_passes": 0, "wrong": [],
+            "unmounted": 0}
+
+    def plain() -> None:
+        while not stop.is_set():
+            for file in sums:
+                seen["unmounted"] += not os.path.ismount(mp)
+                seen["plain_reads"] += 1
+                try:
+                    _read_uncached(folder / file)
+                except OSError:
+                    seen["plain_failed"] += 1
+
+    def retried() -> None:
+        while not stop.is_set():
+            for file, want in sums.items():
+                path = folder / file
+                data = retrying(lambda: _read_uncached(path), path, 120)
+                if hashlib.sha256(data).hexdigest() != want:
+                    seen["wrong"].append(file)
+            seen["retried_passes"] += 1
+    try:
+        poll("the watcher to start", lambda: "watching" in log.read_text(), timeout=120)
+        readers = [threading.Thread(target=f, daemon=True) for f in (plain, retried)]
+        for t in readers:
+            t.start()
+        poll("a first pass of the reader", lambda: seen["retried_passes"] >= 1, timeout=120)
+        start = time.monotonic()
+        fail(dm, f"0 {sectors} error")
+        poll("the cache switched to its origin", lambda: sh(
+            "dmsetup", "table", f"hc-{name}").stdout.split()[2:3] == ["linear"],
+            timeout=120, interval=0.05)
+        took = time.monotonic() - start
+        passes = seen["retried_passes"]
+        poll("two more passes of the reader", lambda: seen["retried_passes"] >= passes + 2,
+             timeout=300)
+        stop.set()
+        for t in readers:
+            t.join(120)
+    finally:
+        stop.set()
+        watcher.terminate()
+        watcher.wait(60)
+    (PERSIST / "failover-figures.json").write_text(json.dumps({**seen, "switch_s": took}))
+    print(f"failover: switched {took:.2f} s after the SSD failed; plain reader: "
+          f"{seen['plain_failed']} of {seen['plain_reads']} reads failed; retrying reader: "
+          f"{seen['retried_passes']} passes, every file right", flush=True)
+    assert not seen["wrong"] and seen["unmounted"] == 0, seen
+    assert "running on the origin since" in log.read_text(), log.read_text()
+    drop_caches()
+    assert checksums(folder, "f") == sums
+    res = hotcache("status", name, "--json")
+    assert res.code == 5, res.out
+    (found,) = [f for f in res.json["caches"][0]["findings"] if f["code"] == "CACHE_FAILED"]
+    assert re.match(r"running on the origin since \S+: cache failed \(dm-cache reports Fail",
+                    found["message"]), found
+    entry = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name]
+    assert entry["on_origin"]["table"].split()[2] == "linear"
+    # Left so for the reboot: guest_safety_reboot.py mounts it from the origin.

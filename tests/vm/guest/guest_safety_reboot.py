@@ -333,3 +333,44 @@ def test_swapped_equal_size_ssds_are_never_mixed_up_and_a_failed_restore_mounts_
     for slot, _ in SLOTS.values():
         sh("dmsetup", "remove", "--retry", slot)
     assert bystander_unchanged()
+
+
+def test_a_cache_on_its_origin_is_mounted_from_the_origin_after_the_reboot():
+    """Boot 1 left `fo` switched to its origin (its SSD dead): the boot's restore never
+    loads a table on the failed SSD; it mounts the filesystem from the origin alone, and
+    every file is right. Then a new SSD: `teardown --cache-failed` and `apply` attach a new
+    cache to the same filesystem."""
+    name = "fo"
+    sums = json.loads((PERSIST / f"sums-{name}.json").read_text())
+    res = hotcache("restore", name, "--yes")
+    assert res.code == 0, res.out
+    hdd = os.path.realpath("/dev/disk/by-id/virtio-hdd-part6")
+    mounted = {line.split()[1]: line.split()[0] for line in open("/proc/mounts")}
+    assert os.path.realpath(mounted[str(MOUNTS / name)]) == hdd, mounted
+    assert subprocess.run(["dmsetup", "table", f"hc-{name}"], capture_output=True).returncode != 0
+    drop_caches()
+    assert checksums(MOUNTS / name / "data", "f") == sums
+    row = status(name)
+    assert any(f["message"].startswith("running on the origin since")
+               for f in row["findings"]), row["findings"]
+
+    res = hotcache("teardown", name, "--cache-failed", "--yes")
+    assert res.code == 0, res.out
+    ssd = "/dev/disk/by-id/virtio-ssd-part4"
+    sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
+    sectors = int(sh("blockdev", "--getsz", ssd).stdout)
+    new = "fonew"
+    sh("dmsetup", "create", new, "--uuid", f"HOTCACHE-TEST-{new}", "--table",
+       f"0 {sectors} linear {os.path.realpath(ssd)} 0")
+    sh("udevadm", "settle")
+    fs_uuid = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["detached"][name][
+        "filesystem"]["uuid"]
+    sh("mount", "-o", "noatime", f"UUID={fs_uuid}", MOUNTS / name)
+    spec = PERSIST / f"spec-{name}.yaml"
+    spec.write_text(spec.read_text().replace("/dev/mapper/fossd", f"/dev/mapper/{new}"))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    entry = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name]
+    assert entry["filesystem"]["uuid"] == fs_uuid and "on_origin" not in entry
+    drop_caches()
+    assert checksums(MOUNTS / name / "data", "f") == sums
