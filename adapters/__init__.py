@@ -18,15 +18,16 @@ from .timing import BatchTimer, Summary, timed, verdict
 
 if TYPE_CHECKING:     # a type checker sees their signatures; Python loads them on first use
     from .pytorch import ImageFolderDataset, make_loader
+    from .lightning import DataWaitMonitor
     from .tfdata import DataWaitCallback, make_dataset
 
 _LAZY = {
     "make_loader": "pytorch", "ImageFolderDataset": "pytorch",
-    "make_dataset": "tfdata", "DataWaitCallback": "tfdata",
+    "make_dataset": "tfdata", "DataWaitCallback": "tfdata", "DataWaitMonitor": "lightning",
 }
 
 __all__ = ["DataRoot", "HotCopy", "data_root", "BatchTimer", "Summary", "timed", "verdict",
-           "make_loader", "ImageFolderDataset", "make_dataset", "DataWaitCallback"]
+           "make_loader", "ImageFolderDataset", "make_dataset", "DataWaitCallback", "DataWaitMonitor"]
 
 
 def __getattr__(name: str):

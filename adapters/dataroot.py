@@ -43,6 +43,7 @@ ENV_STATE = "HOTCACHE_STATE"
 ENV_UNSET_REASON = "DATA_ROOT_UNSET_REASON"   # set by hotcache's Slurm TaskProlog
 EXPECT = (None, "hot", "partial", "any")
 DEFAULT_STATE = "/etc/hotcache/mappings.yaml"
+_current: DataRoot | None = None      # the data root this process resolved last
 
 
 @dataclass(frozen=True)
@@ -329,6 +330,8 @@ def data_root(default: str | os.PathLike | None = None, expect: str | None = Non
         raise DataRootError(f"expect={expect!r} is not understood",
                             hint="use expect='hot', expect='partial' or leave it unset")
     root = describe(path, source, _cold_root(cold))
+    global _current
+    _current = root
     if json_log is None:
         json_log = mode() == "json"
     target = ready(logger)
@@ -356,6 +359,12 @@ def data_root(default: str | os.PathLike | None = None, expect: str | None = Non
                             + (f" ({ENV} is not set: {unset})" if unset else ""),
                             hint="run `hotcache copy` / `hotcache verify`, or unset DATA_ROOT_EXPECT")
     return root
+
+
+def current() -> DataRoot | None:
+    """The data root data_root() resolved last in this process (None before any): what
+    the timing figures published beside it describe (dataset, version, hot)."""
+    return _current
 
 
 def main() -> int:

@@ -309,6 +309,7 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset: Dataset | Non
                 order_file: str | os.PathLike | None = None,
                 name: str = "train", log_every: int = 100, log_path: str | os.PathLike | None = None,
                 clock: Callable[[], float] = perf_counter,
+                tensorboard: Any = None, pushgateway: str | None = None,
                 **loader_options: Unpack[LoaderOptions]) -> TimedLoader:
     """A timed torch DataLoader (a TimedLoader, a DataLoader subclass) over `dataset`, or
     over the image folder at `root` (default: `data_root()`, which logs where the data
@@ -329,6 +330,9 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset: Dataset | Non
       (adapters/order.py). Image-folder datasets on one rank only.
     - epochs: `loader.set_epoch(e)` sets the next epoch (a resumed job); an epoch read to
       its end advances it. The loader sets the epoch only of a sampler it made.
+    - publishing: `tensorboard=` (a SummaryWriter or a folder; $HOTCACHE_TENSORBOARD)
+      writes the timing figures as scalars, `pushgateway=URL` ($HOTCACHE_PUSHGATEWAY)
+      pushes them for Prometheus (adapters/publish.py, adapters/pushgateway.py).
 
     Its defaults, where DataLoader's differ:
     - order: a sampler or batch_sampler you give decides it, and make_loader adds none;
@@ -362,6 +366,7 @@ def make_loader(root: str | os.PathLike | None = None, *, dataset: Dataset | Non
         collate_fn = BatchCollate(collate_fn)      # whole decoded batches, or the user's
     return TimedLoader(dataset, stamped=stamped, own_sampler=own, read_ahead=workers.read_ahead,
                        name=name, log_every=log_every, log_path=log_path, clock=clock,
+                       tensorboard=tensorboard, pushgateway=pushgateway,
                        batch_size=None if batch_size is None else int(batch_size),
                        drop_last=drop_last, **order, **workers.options,
                        pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,

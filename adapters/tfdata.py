@@ -28,7 +28,7 @@ from .errors import DataRootError
 from .imagefolder import KERAS, list_image_folder
 from .tfdecode import decode_named
 from .tiered import list_tiered
-from .timing import ENV_LOG, Summary, emit, summarize
+from .timing import ENV_LOG, Summary, emit, publish_sinks, summarize
 
 AUTOTUNE = tf.data.AUTOTUNE
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
@@ -313,14 +313,22 @@ class DataWaitCallback(tf.keras.callbacks.Callback):
     `wrap(ds)` zips the pipeline with a one-stamp dataset: zip asks its inputs in order,
     in the consumer's own thread, so the first stamp marks the moment the step asks for a
     batch and a sequential map after the zip marks the moment it gets it. The first step
-    of each epoch (tracing, pipeline start-up) is reported apart, as in BatchTimer."""
+    of each epoch (tracing, pipeline start-up) is reported apart, as in BatchTimer.
 
-    def __init__(self, name: str = "fit", log_every: int = 100, log_path=None):
+    tensorboard: a keras.callbacks.TensorBoard (the figures go into its "train" run,
+    beside the loss), a tf.summary writer or a folder; pushgateway: a Pushgateway URL
+    (see publish.py; $HOTCACHE_TENSORBOARD, $HOTCACHE_PUSHGATEWAY). The step is the
+    number of batches trained before, across epochs and fit() calls."""
+
+    def __init__(self, name: str = "fit", log_every: int = 100, log_path=None, *,
+                 tensorboard: Any = None, pushgateway: str | None = None):
         super().__init__()
         self.name = name
         self.log_every = log_every
         self.log_path = log_path if log_path is not None else os.environ.get(ENV_LOG) or None
+        self.sinks = publish_sinks(tensorboard, pushgateway)
         self.summaries: list[Summary] = []
+        self.step = 0                # batches trained before this epoch
         self._asked = 0.0
         self._pending = 0.0          # wait accumulated since the last step ended
 
@@ -350,7 +358,7 @@ class DataWaitCallback(tf.keras.callbacks.Callback):
         self._epoch = epoch
         self._first = None
         self._waits: list[float] = []
-        self._t_first = self._t_end = None
+        self._t_first = self._t_end = self._t_window = None
         self._pending = 0.0
 
     def on_train_batch_end(self, batch, logs=None):
@@ -362,13 +370,29 @@ class DataWaitCallback(tf.keras.callbacks.Callback):
             self._waits.append(wait)
         self._t_end = end
         if self.log_every and self._waits and len(self._waits) % self.log_every == 0:
-            emit(self._summary(), final=False, log_path=self.log_path)
+            self._emit(self._window(end), final=False)
+
+    def _window(self, now: float) -> Summary:
+        """The last log_every steps, as BatchTimer's periodic lines."""
+        window = self._waits[-self.log_every:]
+        start = self._t_window if self._t_window is not None else self._t_first
+        assert start is not None        # a window follows the epoch's first step
+        self._t_window = now
+        return summarize(self.name, self._epoch, self._first, window, now - start, len(window),
+                         batches=len(self._waits) + 1, window=len(window))
 
     def _summary(self):
         wall = (self._t_end - self._t_first) if self._t_first is not None else 0.0
         return summarize(self.name, self._epoch, self._first, self._waits, wall, len(self._waits))
 
+    def _emit(self, summary: Summary, *, final: bool) -> None:
+        emit(summary, final=final, log_path=self.log_path)
+        step = self.step + max(summary.batches - 1, 0)
+        for sink in self.sinks:
+            sink(summary, final, step)
+
     def on_epoch_end(self, epoch, logs=None):
         summary = self._summary()
         self.summaries.append(summary)
-        emit(summary, final=True, log_path=self.log_path)
+        self._emit(summary, final=True)
+        self.step += summary.batches

@@ -133,7 +133,9 @@ class TimedLoader(DataLoader[Any]):
 
     def __init__(self, dataset: Dataset, *, stamped: bool = True, own_sampler: Any = None,
                  read_ahead: int = 0, name: str = "train", log_every: int = 100,
-                 log_path=None, clock: Callable[[], float] = perf_counter, **options: Any):
+                 log_path=None, clock: Callable[[], float] = perf_counter,
+                 tensorboard: Any = None, pushgateway: str | None = None, sinks: Any = (),
+                 **options: Any):
         # Every argument is kept under its own name, so that a DataLoader rebuilt from the
         # attributes (Lightning, to add a sampler) is a TimedLoader like this one.
         super().__init__(dataset, **options)
@@ -149,7 +151,12 @@ class TimedLoader(DataLoader[Any]):
         self.reader = DataLoader(Stamped(dataset) if stamped else dataset, **reader_options)
         source = ThreadPrefetch(self.reader, read_ahead) if read_ahead else self.reader
         self.timer: BatchTimer[Any] = BatchTimer(source, stamped=stamped, name=name,
-                                                 log_every=log_every, log_path=log_path, clock=clock)
+                                                 log_every=log_every, log_path=log_path, clock=clock,
+                                                 tensorboard=tensorboard, pushgateway=pushgateway,
+                                                 sinks=sinks)
+        # Resolved into the timer's sinks: a loader rebuilt from these attributes
+        # (Lightning) publishes through the same ones, not a second set.
+        self.tensorboard, self.pushgateway, self.sinks = "", "", self.timer.sinks
         # Only while it is still the sampler read (a rebuilt loader may have another).
         read = (self.sampler, getattr(self.batch_sampler, "sampler", None))
         self.own_sampler = own_sampler if any(own_sampler is s for s in read) else None

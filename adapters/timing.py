@@ -23,12 +23,15 @@ import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
 from time import perf_counter, time
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from .figures import Summary
 from .logs import log, mode, ready
 from .standin import StandsIn
+
+if TYPE_CHECKING:
+    from .publish import Sink
 
 ENV_LOG = "HOTCACHE_TIMING_LOG"
 RANK_ENV = ("RANK", "LOCAL_RANK")     # torchrun's, Accelerate's and Lightning's
@@ -53,62 +56,6 @@ def _percentile(ordered: list[float], q: float) -> float:
         return 0.0
     k = max(0, min(len(ordered) - 1, math.ceil(q / 100 * len(ordered)) - 1))
     return ordered[k]
-
-
-@dataclass(slots=True)        # not frozen: a frozen init costs more, and this is built often
-class Summary:
-    name: str
-    epoch: int
-    batches: int                    # batches delivered, the first one included
-    first_batch_s: float | None     # wait for the first batch, kept out of the figures below
-    total_wait_s: float             # steady state: batches 2..n
-    p50_wait_s: float
-    p95_wait_s: float
-    p99_wait_s: float
-    max_wait_s: float
-    step_s: float                   # mean time from one batch's arrival to the next's
-    wall_s: float                   # from the first batch's arrival to the last step's end
-    wait_share: float | None        # total_wait_s / wall_s
-    verdict: str
-    worker_load_s: float | None = None   # time workers spent loading samples (PyTorch)
-    worker_load_per_batch_s: float | None = None
-    window: int | None = None       # periodic lines: the wait figures cover the last N batches
-    # Tiered reads (DATA_COLD_ROOT): the share of samples the hot copy served, and the
-    # mean wait of batches mostly (>= half) served hot against those mostly served cold.
-    hot_share: float | None = None
-    hot_batches: int | None = None
-    hot_wait_s: float | None = None
-    cold_batches: int | None = None
-    cold_wait_s: float | None = None
-    # Every rank logs its own lines: which one this is (RANK, LOCAL_RANK), when set.
-    rank: int | None = None
-    local_rank: int | None = None
-
-    def to_dict(self) -> dict:
-        return {"event": "batch_timing", **asdict(self)}
-
-    def line(self) -> str:
-        ms = lambda s: f"{s * 1e3:.2f}ms"  # noqa: E731
-        share = "n/a" if self.wait_share is None else f"{self.wait_share:.1%}"
-        first = "n/a" if self.first_batch_s is None else ms(self.first_batch_s)
-        last = f" last={self.window}" if self.window else ""
-        text = (f"{self.name} epoch={self.epoch} batches={self.batches}{last} first={first} "
-                f"wait p50={ms(self.p50_wait_s)} p95={ms(self.p95_wait_s)} "
-                f"p99={ms(self.p99_wait_s)} max={ms(self.max_wait_s)} "
-                f"total={self.total_wait_s:.3f}s step={ms(self.step_s)} waiting={share} "
-                f"-> {self.verdict}")
-        if self.worker_load_s is not None:
-            text += f" (workers loaded for {self.worker_load_s:.3f}s)"
-        if self.hot_share is not None:
-            mean = lambda s: "n/a" if s is None else ms(s)  # noqa: E731
-            text += (f" hot={self.hot_share:.2f} wait hot={mean(self.hot_wait_s)} "
-                     f"({self.hot_batches} batches) cold={mean(self.cold_wait_s)} "
-                     f"({self.cold_batches} batches)")
-        if self.rank is not None:
-            text += f" rank={self.rank}"
-        if self.local_rank is not None:
-            text += f" local_rank={self.local_rank}"
-        return text
 
 
 def ranks() -> dict[str, int]:
@@ -174,12 +121,19 @@ class BatchTimer(StandsIn, Generic[T]):
     stamped:   the iterable yields (batch, worker_seconds) pairs; the timer keeps the
                seconds apart (workers' load time) and yields only the batch.
     clock:     seconds, monotonic (perf_counter; tests pass a fake one).
+    tensorboard: write the figures as TensorBoard scalars to this writer or folder
+               (default: $HOTCACHE_TENSORBOARD); see publish.py.
+    pushgateway: push them to this Pushgateway (default: $HOTCACHE_PUSHGATEWAY); see
+               pushgateway.py. "" turns either off whatever the environment says.
+    sinks:     more callables `sink(summary, final, step)`, called at each window and
+               epoch with the global step (the batch's index across epochs).
     """
 
     def __init__(self, iterable: Iterable[T], *, name: str = "batches", log_every: int = 100,
                  log_path: str | os.PathLike | None = None,
                  logger: logging.Logger | None = None, stamped: bool = False,
-                 clock: Callable[[], float] = perf_counter):
+                 clock: Callable[[], float] = perf_counter, tensorboard: Any = None,
+                 pushgateway: str | None = None, sinks: Iterable[Sink] = ()):
         self.iterable = iterable
         self.clock = clock
         self.name = name
@@ -189,6 +143,8 @@ class BatchTimer(StandsIn, Generic[T]):
         self.stamped = stamped
         self.epoch = -1
         self.summaries: list[Summary] = []
+        self.sinks: list[Sink] = [*publish_sinks(tensorboard, pushgateway), *sinks]
+        self.step = 0           # batches delivered in the epochs before this one
         self._reset()
 
     def _reset(self) -> None:
@@ -220,8 +176,8 @@ class BatchTimer(StandsIn, Generic[T]):
         stamped = self.stamped or self._tiered
         # No periodic work at all when nobody would read it.
         target = ready(self.logger)
-        every = self.log_every if (self.log_path or (target is not None and
-                                                    target.isEnabledFor(logging.INFO))) else 0
+        every = self.log_every if (self.log_path or self.sinks or (
+            target is not None and target.isEnabledFor(logging.INFO))) else 0
         countdown = every or -1
         t0 = clock()
         try:
@@ -260,6 +216,7 @@ class BatchTimer(StandsIn, Generic[T]):
             summary = self.summary()
             self.summaries.append(summary)
             self._emit(summary, final=True)
+            self.step += summary.batches
 
     def _window(self, n: int, now: float) -> Summary:
         """The last `n` batches only: a periodic line must not re-sort the whole epoch."""
@@ -282,6 +239,10 @@ class BatchTimer(StandsIn, Generic[T]):
 
     def _emit(self, summary: Summary, *, final: bool) -> None:
         emit(summary, final=final, logger=self.logger, log_path=self.log_path)
+        # The global step of the last batch the figures cover.
+        step = self.step + max(summary.batches - 1, 0)
+        for sink in self.sinks:
+            sink(summary, final, step)
 
 
 def emit(summary: Summary, *, final: bool, logger: logging.Logger = log, log_path=None) -> None:
@@ -300,7 +261,22 @@ def emit(summary: Summary, *, final: bool, logger: logging.Logger = log, log_pat
 
 def timed(iterable: Iterable[T], *, name: str = "batches", log_every: int = 100,
           log_path: str | os.PathLike | None = None, logger: logging.Logger | None = None,
-          stamped: bool = False, clock: Callable[[], float] = perf_counter) -> BatchTimer[T]:
-    """`BatchTimer(iterable, ...)`: time every batch fetch of any iterable."""
+          stamped: bool = False, clock: Callable[[], float] = perf_counter,
+          tensorboard: Any = None, pushgateway: str | None = None,
+          sinks: Iterable[Sink] = ()) -> BatchTimer[T]:
+    """`BatchTimer(iterable, ...)`: time every batch fetch of any iterable; with
+    `tensorboard=` / `pushgateway=`, publish the figures there too (publish.py)."""
     return BatchTimer(iterable, name=name, log_every=log_every, log_path=log_path,
-                      logger=logger, stamped=stamped, clock=clock)
+                      logger=logger, stamped=stamped, clock=clock, tensorboard=tensorboard,
+                      pushgateway=pushgateway, sinks=sinks)
+
+
+def publish_sinks(tensorboard: Any = None, pushgateway: str | None = None) -> list[Sink]:
+    """The sinks asked for by argument or environment; none loads publish.py's imports
+    unless one is asked for."""
+    if tensorboard is None and pushgateway is None and not (
+            os.environ.get("HOTCACHE_TENSORBOARD") or os.environ.get("HOTCACHE_PUSHGATEWAY")):
+        return []
+    from .publish import sinks
+
+    return sinks(tensorboard, pushgateway)

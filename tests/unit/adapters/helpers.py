@@ -103,3 +103,23 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         self.now += seconds
+
+
+def read_scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar in the TensorBoard event files of `folder`, read back with the
+    tensorboard package's EventAccumulator: {tag: [(step, value), ...]}. Scalars written
+    as simple values (torch's SummaryWriter) and as tensors (tf.summary, tensorboard's
+    own writer) alike."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    out: dict[str, list[tuple[int, float]]] = {}
+    for tag in acc.Tags()["scalars"]:
+        out[tag] = [(e.step, e.value) for e in acc.Scalars(tag)]
+    for tag in acc.Tags()["tensors"]:
+        if acc.SummaryMetadata(tag).plugin_data.plugin_name != "scalars":
+            continue                  # text, graphs (Keras writes its model's config)
+        out[tag] = [(e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+    return out
