@@ -35,6 +35,8 @@ def test_every_alert_has_a_firing_and_a_quiet_case():
     firing, quiet = set(), set()
     for case in yaml.safe_load(TESTS.read_text())["tests"]:
         for t in case.get("promql_expr_test", []):
+            if 'alertname="' not in t["expr"]:
+                continue                  # a recording rule's own case
             name = t["expr"].split('alertname="')[1].split('"')[0]
             (firing if t["exp_samples"] else quiet).add(name)
     assert alerts == firing
@@ -44,7 +46,7 @@ def test_every_alert_has_a_firing_and_a_quiet_case():
     for wanted in ("HotcacheLowHitRatio", "HotcacheHighDirtyData", "HotcacheCacheDeviceMissing",
                    "HotcacheCacheDown", "HotcacheHotCopyVerifyFailed",
                    "HotcacheHotCopyVerificationOld", "HotcacheFastTierLowFree",
-                   "HotcacheCacheThrashing"):
+                   "HotcacheCacheThrashing", "HotcacheJobInputBound"):
         assert wanted in alerts
 
 
@@ -69,3 +71,30 @@ def test_a_thrashing_threshold_too_high_is_caught(tmp_path):
     """A thrashing rule that waits for demotions to equal promotions misses a cache that
     demotes 95 of every 100 blocks it promotes."""
     broken_rules_fail(tmp_path, ">= 0.8 * sum", ">= 0.99 * sum", "HotcacheCacheThrashing")
+
+
+def test_a_job_alert_blind_to_the_nodes_cache_is_caught(tmp_path):
+    """A job waiting on a node whose cache failed or thrashes must alert, not only a job
+    that reads a cold data root."""
+    broken_rules_fail(tmp_path, "group by (node) (hotcache_node:cache_trouble)",
+                      'group by (node) (hotcache_node:cache_trouble{reason="none"})',
+                      "HotcacheJobInputBound")
+
+
+def test_the_node_label_a_job_pushes_is_the_one_the_rules_cut_from_instance(monkeypatch):
+    """The rules join a job to its node's cache by cutting the node's `instance` with the
+    recording rule's regex; the adapters push `node` as pushgateway.node_name() gives it.
+    The same host, named either way, gives the same label."""
+    import re
+
+    from hotcache.adapters import pushgateway
+
+    rule = next(r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]
+                if r.get("record") == "hotcache_node:cache_trouble")
+    regex = re.search(r'"node", "\$1", "instance", "([^"]+)"', rule["expr"]).group(1)
+    for var in ("HOTCACHE_NODE", "SLURMD_NODENAME", "NODE_NAME"):
+        monkeypatch.delenv(var, raising=False)
+    for hostname in ("gpu01", "gpu01.example.org"):
+        monkeypatch.setattr(pushgateway.socket, "gethostname", lambda h=hostname: h)
+        for instance in ("gpu01", "gpu01:9100", "gpu01.example.org:9100"):
+            assert re.fullmatch(regex, instance).group(1) == pushgateway.node_name(), (hostname, instance)
