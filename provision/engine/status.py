@@ -36,6 +36,7 @@ class Code(StrEnum):
     NOT_IN_FSTAB = "NOT_IN_FSTAB"             # it will not be mounted at boot
     STATS_UNREADABLE = "STATS_UNREADABLE"     # the backend's statistics could not be read
     CACHE_FAILED = "CACHE_FAILED"             # the kernel reports the cache device failed
+    ORIGIN_WITHOUT_CACHE = "ORIGIN_WITHOUT_CACHE"  # the bare origin is mounted, not the cache
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,29 @@ def _mount(host: Host, entry: CacheEntry, failed: CacheFailure | None,
     return facts
 
 
+def _bare_origin(host: Host, entry: CacheEntry, origin: DeviceSeen | None,
+                 found: _Findings) -> None:
+    """A block cache's filesystem mounted from its origin alone (`mount -a` or a rescue
+    system ignore the fstab line's x-systemd dependency, and a raw dm-cache origin shows
+    the same XFS, UUID and all): reads bypass the cache, and what is written now is
+    missing from it, which would serve stale blocks once loaded again. The UUID matches,
+    so only the device number tells. Nothing is published for it then."""
+    mp = entry.filesystem.mountpoint
+    if entry.on_origin is not None:
+        return          # switched to its origin after its SSD failed: meant to be so
+    mount = blockdev.mount_at(host, mp) if mp else None
+    if mount is None or origin is None or not origin["node"]:
+        return
+    try:
+        bare = host.devnum(origin["node"]) == mount.source_dev
+    except OSError:
+        return
+    if bare:
+        found.add(Code.ORIGIN_WITHOUT_CACHE,
+                  f"{mp} is mounted from the origin {origin['node']} without its cache: "
+                  "reads bypass the cache, and writes made now are missing from it")
+
+
 def _persistent(name: str, entry: CacheEntry, fstab_file, found: _Findings) -> bool | None:
     """Whether the fstab the cache was recorded in still mounts it at boot (None: the
     cache was not made persistent)."""
@@ -164,6 +188,8 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
         **_mount(host, entry, failed, found),
         "persistent": _persistent(name, entry, fstab_file, found), "cache_failed": failed,
     }
+    if backend.block_cache:
+        _bare_origin(host, entry, devices.get("origin"), found)
     if backend.block_cache and not found.problems:
         try:
             nodes = {role: d["node"] for role, d in devices.items()}

@@ -81,6 +81,10 @@ ADVICE: dict[str, str] = {
     Drift.NOT_IN_FSTAB: APPLY_AGAIN,
     Drift.WRONG_FILESYSTEM: "another filesystem is mounted there: unmount it (`umount "
                             "MOUNTPOINT`), then `hotcache apply SPEC`",
+    Drift.ORIGIN_WITHOUT_CACHE: "unmount the bare origin from {name}'s mountpoint, then "
+                                "`hotcache restore {name}` loads the cache and mounts it "
+                                "(hotcache's fstab line waits for the restore; `mount -a` "
+                                "and rescue systems do not)",
     Drift.CACHE_FAILED: "the SSD under {name} failed; what is not dirty is on the origin. "
                         "`hotcache teardown {name} --cache-failed` takes the cache apart "
                         "without its SSD and leaves the origin with its filesystem (with "

@@ -81,7 +81,10 @@ def cache_label(cache: str) -> str:
 
 
 def _up(row: StatusRow) -> bool:
-    return row["mounted"] and row["state"] == "ready"
+    """Up: mounted, built, and mounted from its cache (never the bare origin of a block
+    cache, which would serve or take writes the cache does not see)."""
+    return row["mounted"] and row["state"] == "ready" and \
+        "ORIGIN_WITHOUT_CACHE" not in [f["code"] for f in row.get("findings", [])]
 
 
 def verified_copies(rows: list[StatusRow], caches: dict) -> list[dict]:

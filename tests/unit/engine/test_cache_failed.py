@@ -328,3 +328,42 @@ def test_a_plain_teardown_of_a_failed_cache_names_the_command_that_works(host, e
     assert "restore" not in said and "put the recorded disk" not in said, said
     assert host.runner.recorded == [] or all(a[0] in ("dmsetup", "lvs", "pvs", "vgs", "blkid")
                                              for a in host.runner.recorded)
+
+
+def mounted_from(host, env, tmp_path, node: str) -> dict:
+    """dm-cache c1 with its filesystem mounted from `node` at a real folder (status reads
+    its free space)."""
+    dm_cache(host, env)
+    host.disk("dm-0", None, 1024, type="xfs", uuid=FS)
+    host.link("/dev/mapper/hc-c1", "/dev/dm-0")
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    data = mapping.load(env.state)
+    data["caches"]["c1"].filesystem.mountpoint = str(mp)
+    mapping.save(env.state, data)
+    host.mount(node, str(mp), "noatime")
+    return row(host, env)
+
+
+def test_the_bare_origin_mounted_without_its_cache_is_flagged_and_published_nowhere(
+        host, env, tmp_path):
+    """`mount -a` or a rescue system mounts a raw dm-cache's origin (it shows the same
+    XFS, UUID and all) while the cache's tables are not loaded: the UUID matches, the
+    device does not; status flags it and no node label or feature is published."""
+    from hotcache.provision.observe import nodelabels
+
+    got = mounted_from(host, env, tmp_path, "/dev/vdc")
+    codes = [f["code"] for f in got["findings"]]
+    assert "ORIGIN_WITHOUT_CACHE" in codes, got["findings"]
+    assert not got["ok"] and got["mounted"]
+    assert not nodelabels._up(got)
+    fix = next(f.fix for f in doctor.check_drift({"c1": got}) if f.code == "ORIGIN_WITHOUT_CACHE")
+    assert "hotcache restore c1" in fix
+
+
+def test_the_cache_device_mounted_is_not_flagged(host, env, tmp_path):
+    from hotcache.provision.observe import nodelabels
+
+    got = mounted_from(host, env, tmp_path, "/dev/mapper/hc-c1")
+    assert "ORIGIN_WITHOUT_CACHE" not in [f["code"] for f in got["findings"]], got["findings"]
+    assert nodelabels._up(got)
