@@ -175,8 +175,14 @@ class Bcache(Backend):
             return None         # not live: restore and teardown say so
         if sb.attached_set(h, node) is not None:
             return None
+        if h.is_dir(sb.set_dir(cset)):
+            # The set is still registered: its SSD did not fail (the kernel unregisters a
+            # set whose cache device fails). The backing device was detached for another
+            # reason (its own I/O errors): not live, which restore and teardown handle,
+            # and the set may hold its dirty data.
+            return None
         d = sb.bdev_dir(h, node)
-        gone = "" if h.is_dir(sb.set_dir(cset)) else " and the cache set is no longer registered"
+        gone = " and the cache set is no longer registered"
         said = h.read(f"{d}/state")
         dirty: int | None = sb.parse_human(h.read(f"{d}/dirty_data") or "0")
         if said == "dirty" and not dirty:

@@ -367,3 +367,23 @@ def test_the_cache_device_mounted_is_not_flagged(host, env, tmp_path):
     got = mounted_from(host, env, tmp_path, "/dev/mapper/hc-c1")
     assert "ORIGIN_WITHOUT_CACHE" not in [f["code"] for f in got["findings"]], got["findings"]
     assert nodelabels._up(got)
+
+
+def test_bcache_detached_from_a_set_still_registered_is_no_ssd_failure(tmp_path):
+    """The origin's own errors detach the backing device while the cache set (and the
+    dirty data it holds for it) stays registered: not a failed SSD, whose set the kernel
+    unregisters; `--cache-failed` would throw that dirty data away."""
+    from hotcache.provision.backends.bcache import Bcache
+    from hotcache.provision.records import CacheEntry
+    from tests.helpers import recorded_entry
+    from tests.unit.fakehost import FakeHost
+
+    fake = FakeHost(tmp_path / "host")
+    fake.disk("vdb", "hdd1", 1024)
+    fake.sysfs_file("/sys/class/block/vdb/bcache/state", "no cache")
+    fake.sysfs_file("/sys/class/block/vdb/bcache/dirty_data", "0.0k")
+    fake.sysfs_file("/sys/fs/bcache/cset-1/cache_available_percent", "90")
+    entry = CacheEntry.model_validate({**recorded_entry("c1", backend="bcache"),
+                                       "mode": "writeback",
+                                       "backend_state": {"cset_uuid": "cset-1"}})
+    assert Bcache(fake).failure(entry, {"origin": "/dev/vdb"}) is None
