@@ -192,6 +192,9 @@ class Watcher:
               passes: int | None = None) -> None:
         """Pass after pass, `interval` seconds apart (forever, or `passes` times). A
         mapping that cannot be read is said once and read again on the next pass."""
+        chosen = list(names or [])
+        self.say(f"watching {', '.join(chosen) or 'every cache in ' + str(self.state_path)} "
+                 f"every {interval:g} s")
         done = 0
         while passes is None or done < passes:
             try:
