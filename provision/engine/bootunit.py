@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from hotcache.provision.system.atomic import write_atomic
+from hotcache.provision.system import units
 
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
 
@@ -131,20 +131,12 @@ def plan_unit(p, spec) -> None:
     want = unit_text(spec.name, spec.filesystem.mountpoint, p.env.state.absolute(),
                      p.env.fstab.absolute(), devices=device_paths(spec))
     wants = directory / "local-fs.target.wants" / unit.name
-    try:
-        current = unit.read_text()
-    except FileNotFoundError:
-        current = None
-    if current == want and wants.is_symlink():
+    if units.is_installed(unit, want, wants):
         return
 
     def install(ctx) -> None:
-        if ctx.runner.dry_run:
-            return
-        write_atomic(unit, want, 0o644)
-        wants.parent.mkdir(parents=True, exist_ok=True)
-        if not wants.is_symlink():
-            wants.symlink_to(unit)
+        if not ctx.runner.dry_run:
+            units.install(unit, want, wants)
     p.do(f"install and enable {unit} (restores the cache at boot, before its mount)", install)
 
 

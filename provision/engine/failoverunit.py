@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hotcache.provision.engine.bootunit import DEFAULT_UNIT_DIR, hotcache_program, unit_dir
-from hotcache.provision.system.atomic import write_atomic
+from hotcache.provision.system import units
 
 UNIT = "hotcache-failover.service"
 
@@ -42,20 +42,13 @@ def plan_unit(p) -> None:
     unit = directory / UNIT
     want = unit_text(p.env.state.absolute())
     wants = directory / "multi-user.target.wants" / UNIT
-    try:
-        current = unit.read_text()
-    except FileNotFoundError:
-        current = None
-    if current == want and wants.is_symlink():
+    if units.is_installed(unit, want, wants):
         return
 
     def install(ctx) -> None:
         if ctx.runner.dry_run:
             return
-        write_atomic(unit, want, 0o644)
-        wants.parent.mkdir(parents=True, exist_ok=True)
-        if not wants.is_symlink():
-            wants.symlink_to(unit)
+        units.install(unit, want, wants)
         if directory == Path(DEFAULT_UNIT_DIR) and Path("/run/systemd/system").is_dir():
             ctx.runner.run(["systemctl", "daemon-reload"])
             ctx.runner.run(["systemctl", "restart", UNIT])

@@ -120,3 +120,22 @@ def trusted_program(program: str | os.PathLike, code: str | os.PathLike) -> str:
                  "apply with /opt/hotcache/bin/hotcache; or make each path above owned by "
                  "root and not group/other-writable (chown root:root, chmod go-w)")
     return str(program)
+
+
+def is_installed(unit: Path, text: str, wants: Path) -> bool:
+    """`unit` holds exactly `text` and is enabled (its link in a target's .wants)."""
+    try:
+        current = unit.read_text()
+    except FileNotFoundError:
+        return False
+    return current == text and wants.is_symlink()
+
+
+def install(unit: Path, text: str, wants: Path) -> None:
+    """Write `unit` (atomically, mode 0644) and enable it with its `.wants` link."""
+    from hotcache.provision.system.atomic import write_atomic
+
+    write_atomic(unit, text, 0o644)
+    wants.parent.mkdir(parents=True, exist_ok=True)
+    if not wants.is_symlink():
+        wants.symlink_to(unit)
