@@ -102,12 +102,7 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
                 f"{mp} is also mounted in other mount namespaces (containers, sandboxes), "
                 f"by {', '.join(held[:5])}: its device stays in use (a loop device stays "
                 "attached) until they exit")
-        users = busy.users_of(mp)
-        if users:
-            raise RefusedError(f"{mp} is busy, so {name} cannot be taken down:\n"
-                               + "\n".join(f"  {u}" for u in users),
-                               hint="stop those processes (training jobs, shells cd'ed "
-                                    "into it) and run teardown again")
+        _refuse_if_busy(name, mp)
         p.command(f"flush and unmount {mp}", ["umount", mp])
     # The backend flushes first: if that fails, the fstab entry, the unit, the cache set
     # and the mapping entry are all still there.
@@ -139,6 +134,16 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
         plan.notes.append(_kept_note(name, entry, image, wiped=wipe))
     _forget(p, name, env, entry, kept)
     return plan
+
+
+def _refuse_if_busy(name: str, mp: str) -> None:
+    """Refused while a process uses the mountpoint, naming each one."""
+    users = busy.users_of(mp)
+    if users:
+        raise RefusedError(f"{mp} is busy, so {name} cannot be taken down:\n"
+                           + "\n".join(f"  {u}" for u in users),
+                           hint="stop those processes (training jobs, shells cd'ed "
+                                "into it) and run teardown again")
 
 
 def _plan_failed(name: str, entry: CacheEntry, env: Env, seen: dict,
@@ -181,12 +186,7 @@ def _plan_failed(name: str, entry: CacheEntry, env: Env, seen: dict,
     mp = entry.filesystem.mountpoint
     mounted = blockdev.mount_at(env.host, mp) if mp else None
     if mounted:
-        users = busy.users_of(mp)
-        if users:
-            raise RefusedError(f"{mp} is busy, so {name} cannot be taken down:\n"
-                               + "\n".join(f"  {u}" for u in users),
-                               hint="stop those processes (training jobs, shells cd'ed "
-                                    "into it) and run teardown again")
+        _refuse_if_busy(name, mp)
         p.command(f"unmount {mp}", ["umount", mp])
     left = backend.drop_failed_cache(p, entry, {"origin": origin})
     if backend.restores_at_boot:
