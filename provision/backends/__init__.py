@@ -8,7 +8,7 @@ from here. Adding one (Open CAS, say) is one module plus one entry below.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 from hotcache.provision.backends.base import Backend
 from hotcache.provision.backends.bcache import Bcache
@@ -33,3 +33,30 @@ def block_cache(name: str | None) -> bool:
 def get(name: str, host: "Host") -> Backend:
     """Backend `name` planning against `host`; KeyError if unknown."""
     return BACKENDS[name](host)
+
+
+class BackendRow(TypedDict):
+    backend: str
+    available: bool
+    why: str | None
+
+
+def backend_report(host: "Host | None" = None) -> list[BackendRow]:
+    """Each registered backend, whether this host can run it (its kernel's features, the
+    programs it needs), and why not, with the packages that bring what is missing
+    (`hotcache devices --backends`, and apply's hint for a spec naming one it cannot)."""
+    from hotcache.provision.block.host import Host
+    from hotcache.provision.system.runner import PACKAGES
+
+    host = host or Host()
+    rows: list[BackendRow] = []
+    for name in BACKENDS:
+        backend = get(name, host)
+        missing = [p for p in backend.programs if host.which(p) is None]
+        why = backend.unavailable()
+        if missing:
+            pkgs = sorted({PACKAGES.get(p, p) for p in missing})
+            why = (why + "; " if why else "") + f"missing programs {', '.join(missing)} " \
+                  f"(apt-get install {' '.join(pkgs)})"
+        rows.append({"backend": name, "available": why is None, "why": why})
+    return rows

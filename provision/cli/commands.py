@@ -32,11 +32,11 @@ def devices(
     from hotcache.provision.observe.discover import backend_report, discover
 
     if backends:
-        rows = backend_report()
+        usable = backend_report()
         if as_json:
-            return emit({"backends": rows}, "backends")
+            return emit({"backends": usable}, "backends")
         c = console()
-        for r in rows:
+        for r in usable:
             state = "[green]available[/]" if r["available"] else f"[red]unavailable[/]: {r['why']}"
             c.print(f"{r['backend']:<9} {state}")
         return
@@ -81,7 +81,7 @@ def plan(
     result = plan_apply(host, make_env(state, fstab, dry_run=True))
     sizing = []
     if dataset:
-        from hotcache.provision.observe.workingset import plan_advice
+        from hotcache.provision.engine.workingset import plan_advice
 
         sizing = plan_advice(host, [d.resolve() for d in dataset])
         result.notes += [f"sizing: {a['message']}" for a in sizing]

@@ -429,7 +429,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
     backend = get_backend(spec.backend, host)
     why = backend.unavailable()
     if why:
-        from hotcache.provision.observe.discover import backend_report
+        from hotcache.provision.backends import backend_report
 
         usable = [r["backend"] for r in backend_report(host) if r["available"]]
         raise KernelUnsupported(f"{spec.name}: backend {spec.backend} cannot run here: {why}",

@@ -243,7 +243,7 @@ def cache_failure(entry: CacheEntry, host: Host,
 def working_set(row: RowFacts, entry: CacheEntry, before: CacheStats | None = None,
                 seconds: float | None = None) -> WorkingSet:
     """The cache against what it is to hold: sizing advice and (block caches) churn."""
-    from hotcache.provision.observe.workingset import churn, row_advice
+    from hotcache.provision.engine.workingset import churn, row_advice
 
     copies = [copy.dump() for copy in (entry.hot_copies or {}).values()]
     stats: CacheStats | None = row.get("cache") or None

@@ -6,7 +6,7 @@ TypedDicts rather than classes, so that at run time a row stays the plain dict t
 document is made of, while mypy checks every key a reader names; the order of the keys
 in `status --json` is the order `cache_status` builds them in. Its own module, importing
 nothing of status', so that the observers can name it without a cycle (status asks
-observe/workingset for the working set).
+engine/workingset for the working set).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class PromotionActivity(TypedDict):
 
 
 class WorkingSet(TypedDict):
-    """The cache against what it is to hold (observe/workingset)."""
+    """The cache against what it is to hold (engine/workingset)."""
     sizing: AdviceDoc | None        # None: the sizes cannot be read
     activity: BucketActivity | PromotionActivity | None   # None: none to judge
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from hotcache.provision.backends import backend_report  # noqa: F401  (devices --backends)
 from hotcache.provision.block import blockdev
 from hotcache.provision.block.host import Host
 
@@ -37,22 +38,3 @@ def discover(include_empty_loops: bool = False) -> list[dict]:
         row["type"] = dev.device_type  # disk or partition
         rows.append(row)
     return sorted(rows, key=lambda r: r["node"])
-
-
-def backend_report(host: Host | None = None) -> list[dict]:
-    from hotcache.provision.backends import BACKENDS, get
-
-    host = host or Host()
-    rows = []
-    for name in BACKENDS:
-        backend = get(name, host)
-        missing = [p for p in backend.programs if host.which(p) is None]
-        why = backend.unavailable()
-        if missing:
-            from hotcache.provision.system.runner import PACKAGES
-
-            pkgs = sorted({PACKAGES.get(p, p) for p in missing})
-            why = (why + "; " if why else "") + f"missing programs {', '.join(missing)} " \
-                  f"(apt-get install {' '.join(pkgs)})"
-        rows.append({"backend": name, "available": why is None, "why": why})
-    return rows

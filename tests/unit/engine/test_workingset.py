@@ -10,7 +10,7 @@ import pytest
 from hotcache.provision.engine.status import working_set
 from hotcache.provision.hotcopy.sizing import FITS, SPILLS, TIGHT
 from hotcache.provision.observe.doctor import OK, WARNING, check_working_set
-from hotcache.provision.observe.workingset import churn
+from hotcache.provision.engine.workingset import churn
 from tests.helpers import hotcache_json, loop_spec, write_spec
 from tests.helpers import entry_record
 from tests.unit.observe.test_metrics import promtool_check, render, row, samples, write_state

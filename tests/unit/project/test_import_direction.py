@@ -1,12 +1,13 @@
 """Imports run one way (ARCHITECTURE.md), read from the source with ast: every import,
 at the top of a module or inside a function, counts.
 
-    cli -> engine, hotcopy, observe -> backends -> plan, mapping, records -> block -> system
+    cli -> observe -> engine -> hotcopy -> backends -> plan, mapping, records -> block -> system
     errors.py is a leaf; adapters import only hotcopy/format.py, system/mountinfo.py and
     errors.py of provision; provision never imports adapters.
 
-Within one layer (engine, hotcopy and observe are one) a module may import another of
-the same layer; no cycle may form.
+observe (reports and exporters: status's views, metrics, labels, Slurm) reads what the
+engine builds and knows; the engine never imports observe, and hotcopy neither of them.
+Within one layer a module may import another of the same layer; no cycle may form.
 Imports under `if TYPE_CHECKING:` count too: an annotation that reaches up ties the
 lower layer to the upper one as surely as a runtime import.
 """
@@ -22,7 +23,7 @@ PACKAGES = {"hotcache.provision": ROOT / "provision", "hotcache.adapters": ROOT 
 # Lower number = lower layer. A module may import its own layer or any lower one.
 LAYERS = {
     "errors": 0, "system": 1, "block": 2, "plan": 3, "mapping": 3, "records": 3, "backends": 4,
-    "hotcopy": 5, "engine": 5, "observe": 5, "cli": 6,
+    "hotcopy": 5, "engine": 6, "observe": 7, "cli": 8,
 }
 # What the adapters may use of provision: standard-library modules only.
 ADAPTER_MAY_IMPORT = {"hotcache.provision", "hotcache.provision.errors",
@@ -128,6 +129,14 @@ def test_imports_run_one_way():
 
 def test_no_import_cycles():
     assert cycles(graph()) == []
+
+
+def test_the_engine_importing_observe_is_against_the_direction():
+    g = {"hotcache.provision.engine.status": {"hotcache.provision.observe.metrics"},
+         "hotcache.provision.hotcopy.copier": {"hotcache.provision.engine.apply"}}
+    bad = wrong_way(g)
+    assert any("engine.status -> hotcache.provision.observe.metrics" in b for b in bad)
+    assert any("hotcopy.copier -> hotcache.provision.engine.apply" in b for b in bad)
 
 
 def test_the_checker_sees_a_wrong_way_import_and_a_cycle():
