@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hotcache.provision.block import probe
 from hotcache.provision.block.host import Host
@@ -60,7 +61,7 @@ def mountpoints_of(host: Host, node: str) -> list[str]:
 DISKLESS_ROOTS = {"tmpfs", "ramfs", "rootfs", "nfs", "nfs4", "9p", "virtiofs", "cifs", "smb3"}
 
 
-class RootDevices(set):
+class RootDevices(set[str]):
     """Kernel names of every device beneath `/`. `unknown` says why they could not be
     determined; then no device is safe (see DeviceReport.problems)."""
 
@@ -206,7 +207,7 @@ def by_id_links(host: Host, node: str) -> list[str]:
             if host.realpath(f"/dev/disk/by-id/{name}") == target]
 
 
-def signatures(host: Host, node: str) -> list[dict]:
+def signatures(host: Host, node: str) -> list[dict[str, Any]]:
     """Every signature `wipefs` sees: filesystems, RAID, LVM, bcache, partition tables.
     wipefs prints nothing (older) or an empty list for a blank device; any failure, or
     output that is not its JSON, raises ProbeFailed."""
@@ -219,7 +220,7 @@ def signatures(host: Host, node: str) -> list[dict]:
     return sigs
 
 
-def fs_identity(host: Host, node: str) -> dict:
+def fs_identity(host: Host, node: str) -> dict[str, str]:
     """TYPE, UUID, LABEL as blkid reads them from the device itself (no cache). blkid
     exits 2 for "nothing found" and, silently, for a device it could not open: only a
     quiet exit 2 on a device we can open reads as blank."""
@@ -270,7 +271,7 @@ class DeviceReport:
     model: str | None = None
     serial: str | None = None
     by_id: list[str] = field(default_factory=list)
-    signatures: list[dict] = field(default_factory=list)
+    signatures: list[dict[str, Any]] = field(default_factory=list)
     mountpoints: list[str] = field(default_factory=list)
     holders: list[str] = field(default_factory=list)
     loop_file: str | None = None
@@ -308,7 +309,7 @@ class DeviceReport:
             out.append(f"it is in use by {', '.join(self.holders)} (holders)")
         return out
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "kind": self.kind, "safe": not self.problems(),
                 "problems": self.problems()}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from hotcache.provision.block.host import Host
 
@@ -28,7 +29,7 @@ def render(cache: str, backend: str, uuid: str) -> bytes:
     return (MAGIC + body).ljust(SIZE, b"\0")
 
 
-def parse(data: bytes) -> dict | None:
+def parse(data: bytes) -> dict[str, Any] | None:
     """The header's fields; None when `data` does not start with one."""
     if not data.startswith(MAGIC):
         return None
@@ -40,7 +41,7 @@ def parse(data: bytes) -> dict | None:
     return fields if isinstance(fields, dict) and isinstance(fields.get("uuid"), str) else None
 
 
-def read(host: Host, node: str) -> dict | None:
+def read(host: Host, node: str) -> dict[str, Any] | None:
     """The header at the start of `node`, None when there is none. A device that cannot
     be read raises OSError (never "no header")."""
     with open(host.path(node), "rb") as f:

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 from pathlib import Path
 
 from hotcache.provision.errors import MissingProgram
 from hotcache.provision.system import mountinfo
 from hotcache.provision.system.runner import PACKAGES, SEARCH_PATH, Result, Runner, which
+
+
+# A path of the host (/dev/vdb, /sys/class/block/vdb), as a string or a path object.
+HostPath: TypeAlias = "str | os.PathLike[str]"
 
 
 @dataclass
@@ -33,7 +37,7 @@ class Roots:
 
 
 class Host:
-    def __init__(self, runner: Runner | None = None, root: str | os.PathLike = "/"):
+    def __init__(self, runner: Runner | None = None, root: HostPath = "/"):
         self.runner = runner if runner is not None else Runner()
         self.root = Path(root)
         self._udev: Any = None  # pyudev's Context, made on first use
@@ -43,12 +47,12 @@ class Host:
         return self.root == Path("/")
 
     # --- files ----------------------------------------------------------------------
-    def path(self, host_path: str | os.PathLike) -> Path:
+    def path(self, host_path: HostPath) -> Path:
         """The file to open for a path of the host (itself on a real host)."""
         p = os.fspath(host_path)
         return Path(p) if self.real else self.root / p.lstrip("/")
 
-    def realpath(self, host_path: str | os.PathLike) -> str:
+    def realpath(self, host_path: HostPath) -> str:
         """Resolve links (/dev/disk/by-id/..., /dev/mapper/...) to the host's path."""
         p = os.fspath(host_path)
         if self.real:
@@ -57,24 +61,24 @@ class Host:
         rel = os.path.relpath(local, os.path.realpath(self.root))
         return os.path.normpath(p) if rel.startswith("..") else "/" + rel.replace(os.sep, "/")
 
-    def exists(self, host_path) -> bool:
+    def exists(self, host_path: HostPath) -> bool:
         return self.path(host_path).exists()
 
-    def is_dir(self, host_path) -> bool:
+    def is_dir(self, host_path: HostPath) -> bool:
         return self.path(host_path).is_dir()
 
-    def listdir(self, host_path) -> list[str]:
+    def listdir(self, host_path: HostPath) -> list[str]:
         d = self.path(host_path)
         return sorted(os.listdir(d)) if d.is_dir() else []
 
-    def read(self, host_path) -> str | None:
+    def read(self, host_path: HostPath) -> str | None:
         """A small text file (a sysfs attribute), stripped; None when it cannot be read."""
         try:
             return self.path(host_path).read_text().strip()
         except OSError:
             return None
 
-    def write(self, host_path, value: str) -> None:
+    def write(self, host_path: HostPath, value: str) -> None:
         with open(self.path(host_path), "w") as f:
             f.write(value)
 

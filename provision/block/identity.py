@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from hotcache.provision.block import header
 from hotcache.provision.block.blockdev import fs_identity
@@ -36,7 +38,7 @@ class Seen:
     node: str
     size: int
     by_id: list[str] = field(default_factory=list)
-    identity: dict = field(default_factory=dict)   # KEYS that this device has
+    identity: dict[str, Any] = field(default_factory=dict)   # KEYS that this device has
     loop_file: str | None = None
     sig_type: str | None = None
     sig_uuid: str | None = None
@@ -56,7 +58,7 @@ class Seen:
         return f"{self.node} ({', '.join(bits)})"
 
 
-def _read(path) -> str | None:
+def _read(path: Path) -> str | None:
     try:
         return path.read_text().strip() or None
     except OSError:
@@ -110,7 +112,7 @@ def links_to(name: str, host: Host) -> list[str]:
 
 
 def hardware(name: str, host: Host, links: dict[str, list[str]] | None = None
-             ) -> tuple[int, dict, list[str], str | None]:
+             ) -> tuple[int, dict[str, Any], list[str], str | None]:
     """(size, identity keys, stable by-id links, loop backing file) of kernel device
     `name`, from sysfs and udev's properties (no subprocess). `links`: links_by_name(host),
     read once by a caller that looks at every device."""
@@ -158,7 +160,7 @@ def probe(name: str, host: Host, *, signatures: bool = True) -> Seen:
     return seen
 
 
-def record(seen: Seen) -> dict:
+def record(seen: Seen) -> dict[str, Any]:
     """What the mapping keeps about a device so that it can be found again."""
     ident = dict(seen.identity)
     if seen.loop_file:
@@ -177,7 +179,8 @@ class Verdict:
         return bool(self.conflicts)
 
 
-def compare(recorded: dict, seen: Seen, expected_sig: tuple | None = None) -> Verdict:
+def compare(recorded: dict[str, Any], seen: Seen,
+            expected_sig: tuple[str | None, ...] | None = None) -> Verdict:
     """Is `seen` the device `recorded` (a mapping `devices.<role>` entry) describes?
 
     A conflict (size, WWN, serial, partition UUID, by-id links, loop image or the
@@ -234,7 +237,7 @@ def all_devices(host: Host) -> list[str]:
     return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
 
 
-def candidates(recorded: dict, host: Host) -> list[str]:
+def candidates(recorded: dict[str, Any], host: Host) -> list[str]:
     """Kernel names worth probing for the recorded device: those whose size and hardware
     identity do not already rule them out (no subprocess). A device of size 0 (a loop
     device with no image, a drive with no medium) holds nothing to find."""

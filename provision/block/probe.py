@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import overload
+from typing import Any, overload
 
 from hotcache.provision.errors import ProbeFailed
 from hotcache.provision.system.runner import Result, Runner
@@ -36,7 +36,7 @@ def run(runner: Runner, argv: list[str], *, absent_rc: tuple[int, ...] = (),
     raise ProbeFailed(res.argv, res.returncode, res.stderr or res.stdout)
 
 
-def json_doc(res: Result) -> dict:
+def json_doc(res: Result) -> dict[str, Any]:
     """The JSON a probe printed; ProbeFailed when it is not a JSON object."""
     try:
         doc = json.loads(res.stdout)
