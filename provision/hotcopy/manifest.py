@@ -11,7 +11,6 @@ are str with surrogateescape, as the os module gives them. (Reading is format.py
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 from array import array
@@ -50,13 +49,13 @@ def write(dirfd: int, pairs: Iterable[tuple[str, str]],
           owner: tuple[int, int] | None = None) -> None:
     """SHA256SUMS in the folder `dirfd`, written line by line as `pairs` come (a copy of
     millions of files never holds its manifest whole)."""
-    _write_stream(dirfd, MANIFEST, lines(pairs), owner)
+    beneath.write_stream(dirfd, MANIFEST, lines(pairs), owner=owner)
 
 
 def write_mtimes(dirfd: int, mtimes: Iterable[int],
                  owner: tuple[int, int] | None = None) -> None:
     """The copy's file mtimes (ns), one a line, in the manifest's order."""
-    _write_stream(dirfd, MTIMES, (b"%d\n" % m for m in mtimes), owner)
+    beneath.write_stream(dirfd, MTIMES, (b"%d\n" % m for m in mtimes), owner=owner)
 
 
 def read_mtimes(dirfd: int) -> array | None:
@@ -77,29 +76,3 @@ def read_mtimes(dirfd: int) -> array | None:
         except (ValueError, OverflowError):
             return None
     return out
-
-
-def _write_stream(dirfd: int, name: str, chunks: Iterable[bytes],
-                  owner: tuple[int, int] | None) -> None:
-    """`name` in the folder `dirfd`, written as `chunks` come, the way beneath.write_file
-    writes a file: a new temp file (O_EXCL, no symlink followed), owner and mode on its
-    descriptor, fsync'd, renamed over, folder fsync'd."""
-    tmp = f".{name}.{os.getpid()}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp, dir_fd=dirfd)
-    fd = beneath.open_at(dirfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "wb", closefd=False) as f:
-            f.writelines(chunks)
-        if owner:
-            os.fchown(fd, *owner)
-        os.fchmod(fd, 0o644)
-        os.fsync(fd)
-        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp, dir_fd=dirfd)
-        raise
-    finally:
-        os.close(fd)
-    os.fsync(dirfd)

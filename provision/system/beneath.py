@@ -8,9 +8,9 @@ write to; every path it touches there is opened relative to a directory descript
   with O_NOFOLLOW from the one before, and '..' is refused.
 - `expect(fd, st, name)`: the opened file is the one the walk recorded (st_dev, st_ino);
   a file swapped since then raises `Swapped`.
-- `makedirs`, `walk`, `write_file`, `empty`, `rmdir_if`, `rename_at`: the rest of what
-  a copy does, all on descriptors. Ownership and modes are set with fchown/fchmod on
-  open descriptors, never by path.
+- `makedirs`, `walk`, `write_file` (`write_stream`), `empty`, `rmdir_if`, `rename_at`:
+  the rest of what a copy does, all on descriptors. Ownership and modes are set with
+  fchown/fchmod on open descriptors, never by path.
 
 Names are str with surrogateescape (as os.fsdecode gives them), so any byte string Linux
 allows as a name works, including non-UTF-8 bytes, newlines and leading dashes.
@@ -23,7 +23,7 @@ import ctypes
 import errno
 import os
 import stat
-from collections.abc import Set as AbstractSet
+from collections.abc import Iterable, Set as AbstractSet
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _SYS_OPENAT2 = 437                      # x86_64, aarch64 and every arch since 5.6
@@ -113,6 +113,26 @@ def open_at(dirfd: int, rel: str, flags: int = os.O_RDONLY, mode: int = 0o600) -
     return _by_component(dirfd, rel, flags, mode)
 
 
+class _Descent:
+    """One folder descriptor at a time on the way down a path: `down(nxt)` moves to the
+    next folder and closes the one before; an error on the way closes the current one,
+    and a walk that ends well hands `fd` to its caller."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __enter__(self) -> _Descent:
+        return self
+
+    def down(self, nxt: int) -> None:
+        os.close(self.fd)
+        self.fd = nxt
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is not None:
+            os.close(self.fd)
+
+
 def open_root(path: str | os.PathLike) -> int:
     """A descriptor of the folder the administrator named: the root everything else is
     opened beneath. The path is walked from / one folder descriptor at a time, so a
@@ -122,17 +142,16 @@ def open_root(path: str | os.PathLike) -> int:
     (`Untrusted`). The last component must be a folder, not a symlink."""
     parts = [p for p in os.fspath(os.path.abspath(path)).split("/") if p not in ("", ".")]
     trusted = {0, os.geteuid()}
-    fd = os.open("/", DIR | os.O_CLOEXEC)
     links = 0
-    try:
+    with _Descent(os.open("/", DIR | os.O_CLOEXEC)) as at:
         while parts:
             name = parts.pop(0)
             try:
-                nxt = os.open(name, DIR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                nxt = os.open(name, DIR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.fd)
             except (NotADirectoryError, OSError) as exc:
                 if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
                     raise
-                link = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                link = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=at.fd)
                 try:
                     st = os.fstat(link)
                     if not stat.S_ISLNK(st.st_mode):
@@ -157,12 +176,8 @@ def open_root(path: str | os.PathLike) -> int:
                     nxt = os.open("/", DIR | os.O_CLOEXEC)
                 else:
                     continue
-            os.close(fd)
-            fd = nxt
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+            at.down(nxt)
+        return at.fd
 
 
 def same(a: os.stat_result, b: os.stat_result) -> bool:
@@ -181,18 +196,12 @@ def expect(fd: int, want: os.stat_result | tuple[int, int], name: str) -> os.sta
 def makedirs(dirfd: int, rel: str, mode: int = 0o700) -> int:
     """Create the folders of `rel` beneath `dirfd` as needed (a symlink on the way is
     ELOOP, never followed); returns a descriptor of the last one."""
-    fd = os.dup(dirfd)
-    try:
+    with _Descent(os.dup(dirfd)) as at:
         for part in [p for p in rel.split("/") if p]:
             with contextlib.suppress(FileExistsError):
-                os.mkdir(part, mode, dir_fd=fd)
-            nxt = open_at(fd, part, DIR)
-            os.close(fd)
-            fd = nxt
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+                os.mkdir(part, mode, dir_fd=at.fd)
+            at.down(open_at(at.fd, part, DIR))
+        return at.fd
 
 
 def walk(dirfd: int, topdown: bool = True):
@@ -212,15 +221,22 @@ def _raise(err: OSError) -> None:
 
 def write_file(dirfd: int, name: str, data: bytes, mode: int = 0o644,
                owner: tuple[int, int] | None = None) -> None:
-    """Replace `name` in the folder `dirfd` atomically: a new temp file (O_EXCL, no
-    symlink followed), written, fchown'd, fchmod'd, fsync'd, renamed over, folder fsync'd."""
+    """Replace `name` in the folder `dirfd` atomically with `data` (`write_stream`)."""
+    write_stream(dirfd, name, (data,), mode, owner)
+
+
+def write_stream(dirfd: int, name: str, chunks: Iterable[bytes], mode: int = 0o644,
+                 owner: tuple[int, int] | None = None) -> None:
+    """Replace `name` in the folder `dirfd` atomically, written as `chunks` come: a new
+    temp file (O_EXCL, no symlink followed), written, fchown'd, fchmod'd, fsync'd,
+    renamed over, folder fsync'd."""
     tmp = f".{name}.{os.getpid()}.tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp, dir_fd=dirfd)
     fd = open_at(dirfd, tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb", closefd=False) as f:
-            f.write(data)
+            f.writelines(chunks)
         if owner:
             os.fchown(fd, *owner)
         os.fchmod(fd, mode)
