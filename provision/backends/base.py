@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 from hotcache.provision.errors import RefusedError
 
@@ -19,6 +19,12 @@ if TYPE_CHECKING:
     from hotcache.provision.backends.parts.stats import CacheStats
     from hotcache.provision.plan import Ref
     from hotcache.provision.records import CacheEntry
+
+# The signature a built cache left on a device, as blkid shows it (Backend.signature).
+Signature: TypeAlias = "tuple[str | None, ...]"
+# A cache's devices by role as the engine found them now, by identity (None: not present
+# or not provably the recorded one).
+Nodes: TypeAlias = "Mapping[str, str | None]"
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,7 @@ class Backend:
         """True when the signatures on `dev` are the ones this cache put there."""
         raise NotImplementedError
 
-    def signature(self, entry: "CacheEntry", role: str) -> tuple | None:
+    def signature(self, entry: "CacheEntry", role: str) -> Signature | None:
         """The signature a built cache left on its `role` device, as blkid shows it:
         (TYPE, UUID or None[, "may be absent"]); () for a device left without one; None:
         nothing to check."""
@@ -92,17 +98,17 @@ class Backend:
     # `nodes`: the cache's devices by role as the engine found them now, by identity
     # (None: not present or not provably the recorded one).
 
-    def live(self, entry: "CacheEntry", nodes: dict) -> str | None:
+    def live(self, entry: "CacheEntry", nodes: Nodes) -> str | None:
         """Why the cache is not live now (its tables not loaded, its device not
         registered), so that teardown cannot flush it; None: it is live."""
         return None
 
-    def stats(self, entry: "CacheEntry", nodes: dict) -> "CacheStats":
+    def stats(self, entry: "CacheEntry", nodes: Nodes) -> "CacheStats":
         """The cache's statistics as the kernel reports them (backends/parts/stats.py). Only
         block caches (`block_cache`) have any; status and warm ask no other backend."""
         raise NotImplementedError
 
-    def failure(self, entry: "CacheEntry", nodes: dict) -> Failure | None:
+    def failure(self, entry: "CacheEntry", nodes: Nodes) -> Failure | None:
         """The kernel's verdict that the cache device failed (dm-cache's Fail or
         read-only metadata, bcache's detached cache set, LVM's missing or failed PV);
         None when it reports nothing wrong. Reads only what answers without I/O to the
@@ -116,7 +122,7 @@ class Backend:
         (bcache detaches a failed cache set by itself) or the device is not active."""
         return None
 
-    def drop_failed_cache(self, p: "Planner", entry: "CacheEntry", nodes: dict) -> str:
+    def drop_failed_cache(self, p: "Planner", entry: "CacheEntry", nodes: Nodes) -> str:
         """Queue the steps that take apart a cache whose SSD failed, without flushing or
         reading it, once its filesystem is unmounted; return the device that then holds
         the filesystem."""
@@ -125,15 +131,29 @@ class Backend:
                            hint="`hotcache teardown NAME --forget` forgets the cache; "
                                 "its devices are then yours to take apart")
 
-    def surviving_state(self, entry: "CacheEntry") -> dict:
+    def surviving_state(self, entry: "CacheEntry") -> dict[str, Any]:
         """The backend_state facts that still hold once `drop_failed_cache` has run: what
         re-attaching a new SSD to the origin (an apply after the teardown) starts from.
         None by default: the new SSD gets a new cache, the origin keeps its filesystem."""
         return {}
 
-    def dismantle(self, p: "Planner", entry: "CacheEntry", nodes: dict) -> None:
+    def dismantle(self, p: "Planner", entry: "CacheEntry", nodes: Nodes) -> None:
         """Queue the steps that take the cache apart once its filesystem is unmounted
         (the engine then removes the boot-time unit when `restores_at_boot`)."""
+
+
+def present_origin(nodes: Nodes) -> str:
+    """The origin's node, for a step that must name it (the device that keeps the
+    filesystem once a failed cache is dropped); a refusal when it is not present or not
+    provably the recorded one, rather than a plan naming no device."""
+    node = nodes.get("origin")
+    if node is None:
+        raise RefusedError("the origin device is not present, or nothing proves it is the "
+                           "one recorded; nothing was changed",
+                           hint="put the origin disk back (`hotcache status` names each "
+                                "device it finds); `hotcache teardown NAME --forget` forgets "
+                                "the cache without touching a device")
+    return node
 
 
 KERNEL_FIX = {

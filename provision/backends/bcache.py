@@ -10,18 +10,23 @@ writes them again from the mapping.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hotcache.provision.backends.parts import bcache_sysfs as sb
 from hotcache.provision.errors import (FlushIncomplete, HotcacheError, KernelUnsupported,
                                        RefusedError)
-from hotcache.provision.plan import Ref
+from hotcache.provision.plan import Ref, RunContext
 from hotcache.provision.records import BcacheState, CacheEntry, EntryState
 from hotcache.provision.system.waits import flush_timeout, wait_until
 from hotcache.provision.backends.parts import state
-from hotcache.provision.backends.base import Backend, Failure
+from hotcache.provision.backends.base import Backend, Failure, Nodes, Signature, present_origin
 from hotcache.provision.backends.parts.stats import CacheStats
 from hotcache.provision.block.host import Host
+
+if TYPE_CHECKING:
+    from hotcache.provision.backends.parts.contract import CacheSpec, Device, Planner
 
 BLOCK = "4k"               # cache and backing block sizes must match to attach
 MIN_BUCKETS = 1024         # the kernel refuses fewer ("ca->sb.nbuckets is too small")
@@ -44,7 +49,7 @@ def bucket_size(cache_bytes: int) -> int:
     return size
 
 
-def desired_tunables(tunables: dict) -> dict:
+def desired_tunables(tunables: Mapping[str, int | str]) -> dict[str, int | str]:
     return {**DEFAULT_TUNABLES, **tunables}
 
 
@@ -61,20 +66,21 @@ class Bcache(Backend):
     modules = ("bcache",)
     programs = ("make-bcache", "wipefs", "mkfs.xfs", "blkid")
 
-    def owns(self, entry, dev):
+    def owns(self, entry: CacheEntry | None, dev: Device) -> bool:
         st = state.of(entry, BcacheState)
         ours = {st.cache_uuid, st.backing_uuid} - {None}
         return dev.proven and dev.fs.get("TYPE") == "bcache" and dev.fs.get("UUID") in ours
 
-    def signature(self, entry, role):
+    def signature(self, entry: CacheEntry, role: str) -> Signature | None:
         st = state.of(entry, BcacheState)
         recorded = st.backing_uuid if role == "origin" else st.cache_uuid
         return ("bcache", recorded) if recorded else None
 
-    def keeps_filesystem(self, entry, devs):
+    def keeps_filesystem(self, entry: CacheEntry | None, devs: Mapping[str, Device]) -> bool:
         return entry is not None and entry.state == EntryState.READY and self.owns(entry, devs["origin"])
 
-    def build(self, p, spec, entry, devs):
+    def build(self, p: Planner, spec: CacheSpec, entry: CacheEntry | None,
+              devs: Mapping[str, Device]) -> str | Ref:
         st = state.of(entry, BcacheState)
         origin, cache = devs["origin"], devs["cache"]
         cset = st.cset_uuid or str(uuid.uuid4())
@@ -96,7 +102,7 @@ class Bcache(Backend):
         key = f"bcache-uuid:{spec.name}"
         bdev_uuid = st.backing_uuid if not new_origin else None
         if new_cache or new_origin:
-            def uuids(ctx):
+            def uuids(ctx: RunContext) -> dict[str, Any]:
                 values = {"cset_uuid": cset,
                           "cache_uuid": _probe_uuid(ctx, cache.node),
                           "backing_uuid": _probe_uuid(ctx, origin.node)}
@@ -113,7 +119,8 @@ class Bcache(Backend):
                  "(udev may have done it already)",
                  lambda ctx: register(h, ctx.resolve(cache.node), ctx.resolve(origin.node),
                                       cset))
-        if not live or sb.attached_set(h, origin.node) != cset:
+        if not live or not isinstance(origin.node, str) \
+                or sb.attached_set(h, origin.node) != cset:
             p.do(f"attach the backing device to cache set {cset}",
                  lambda ctx: attach(h, ctx.resolve(origin.node), cset))
         if bdev_uuid is not None:
@@ -121,7 +128,7 @@ class Bcache(Backend):
         else:
             target = Ref(f"bcache-node:{spec.name}", "/dev/bcache/by-uuid/<new backing UUID>")
         if not live or not h.exists(str(target)):
-            def linked(ctx):
+            def linked(ctx: RunContext) -> None:
                 u = ctx.refs.get(key) or bdev_uuid
                 if not u:   # the record step above sets it whenever bdev_uuid is unknown
                     raise HotcacheError(f"the backing device of {spec.name} has no bcache "
@@ -138,21 +145,23 @@ class Bcache(Backend):
         self._plan_tunables(p, spec, origin.node, cset, live)
         return target
 
-    def _plan_tunables(self, p, spec, node, cset: str, live: bool) -> None:
+    def _plan_tunables(self, p: Planner, spec: CacheSpec, node: str | Ref, cset: str,
+                       live: bool) -> None:
         h = self.host
         want = {"cache_mode": spec.effective_mode, **desired_tunables(spec.tunables)}
         for key, value in want.items():
-            if live:
+            if live and isinstance(node, str):      # live: the node is known
                 current = h.read(sb.tunable_path(h, key, node, cset))
                 if current is not None and key == "cache_mode":
                     current = sb.selected(current)
                 if sb.same_value(key, current, value):
                     continue
-            p.do(f"set bcache {key} to {value}",
-                 lambda ctx, k=key, v=value: h.write(
-                     sb.tunable_path(h, k, ctx.resolve(node), cset), str(v)))
 
-    def live(self, entry, nodes):
+            def write(ctx: RunContext, k: str = key, v: int | str = value) -> None:
+                h.write(sb.tunable_path(h, k, ctx.resolve(node), cset), str(v))
+            p.do(f"set bcache {key} to {value}", write)
+
+    def live(self, entry: CacheEntry, nodes: Nodes) -> str | None:
         node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid
         h = self.host
         if node is None:
@@ -168,7 +177,7 @@ class Bcache(Backend):
             return f"{node} is attached to another cache set {attached}"
         return None
 
-    def failure(self, entry, nodes):
+    def failure(self, entry: CacheEntry, nodes: Nodes) -> Failure | None:
         node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid
         h = self.host
         if node is None or not cset or not sb.is_registered(h, node):
@@ -193,7 +202,7 @@ class Bcache(Backend):
                        f"{said}{gone}): the kernel detached the cache", dirty,
                        sb.selected(h.read(f"{d}/cache_mode") or "") or None)
 
-    def stats(self, entry, nodes) -> CacheStats:
+    def stats(self, entry: CacheEntry, nodes: Nodes) -> CacheStats:
         node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid
         h = self.host
         if node is None or not sb.is_registered(h, node):
@@ -225,8 +234,8 @@ class Bcache(Backend):
             "sequential_cutoff": sb.parse_human(attr("sequential_cutoff")),
         }
 
-    def drop_failed_cache(self, p, entry, nodes):
-        node, cset = nodes["origin"], state.of(entry, BcacheState).cset_uuid
+    def drop_failed_cache(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> str:
+        node, cset = present_origin(nodes), state.of(entry, BcacheState).cset_uuid
         h = self.host
         if sb.attached_set(h, node) is not None:
             raise RefusedError(f"{node} is still attached to its cache set {cset}: bcache has "
@@ -241,13 +250,13 @@ class Bcache(Backend):
         # block from the origin, and udev registers it again at each boot.
         return f"{node} (through its bcache device, which runs without a cache)"
 
-    def surviving_state(self, entry):
+    def surviving_state(self, entry: CacheEntry) -> dict[str, Any]:
         # The backing device keeps its superblock and UUID (its bcache device, which
         # holds the filesystem, runs on); a new SSD becomes a new cache set.
         backing = state.of(entry, BcacheState).backing_uuid
         return {"backing_uuid": backing} if backing else {}
 
-    def dismantle(self, p, entry, nodes):
+    def dismantle(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> None:
         node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid
         h = self.host
         if node and sb.is_registered(h, node):
@@ -268,7 +277,7 @@ def _cache_bytes(entry: CacheEntry) -> int | None:
     return cache.size if cache and cache.size else None
 
 
-def _probe_uuid(ctx, node) -> str:
+def _probe_uuid(ctx: RunContext, node: str | Ref) -> str:
     res = ctx.runner.run(["blkid", "--probe", "--match-tag", "UUID", "--output", "value",
                           ctx.resolve(node)])
     return res.stdout.strip()
@@ -306,7 +315,7 @@ def wait_for_link(host: Host, bdev_uuid: str) -> str:
     runner = host.runner
     runner.run(["udevadm", "settle", "--timeout=10"], check=False)
 
-    def there():
+    def there() -> tuple[bool, str]:
         if host.exists(link):
             return True, "present"
         runner.run(["udevadm", "trigger", "--subsystem-match=block", "--action=change"],
@@ -317,7 +326,7 @@ def wait_for_link(host: Host, bdev_uuid: str) -> str:
     return link
 
 
-def detach(host: Host, origin_node: str, **wait) -> None:
+def detach(host: Host, origin_node: str, **wait: Any) -> None:
     """Detach the cache set, which makes bcache write every dirty block back first, and
     wait until the backing device says `no cache`. The device going away meanwhile (a
     failing origin stops it) is an error: the flush did not complete."""
@@ -330,7 +339,7 @@ def detach(host: Host, origin_node: str, **wait) -> None:
     cset = sb.attached_set(host, origin_node)
     (d / "detach").write_text("1")
 
-    def remaining():
+    def remaining() -> tuple[int, str]:
         try:
             return _detach_progress(d)
         except OSError:         # the directory vanished while it was read
@@ -342,7 +351,7 @@ def detach(host: Host, origin_node: str, **wait) -> None:
             hint="fix the origin, `hotcache restore` to register it again, then run "
                  "teardown again")
 
-    def diagnose():
+    def diagnose() -> str:
         try:
             return _detach_stall(d, running)
         except OSError:
@@ -353,7 +362,7 @@ def detach(host: Host, origin_node: str, **wait) -> None:
                       "(HOTCACHE_FLUSH_TIMEOUT sets how long to wait)", **wait)
 
 
-def _detach_progress(d) -> tuple[int, str]:
+def _detach_progress(d: Path) -> tuple[int, str]:
     """(what is left, progress text) of a detach; OSError once the device is gone."""
     st = _get(d / "state")
     if st == "no cache":
@@ -362,7 +371,7 @@ def _detach_progress(d) -> tuple[int, str]:
     return sb.parse_human(dirty) + 1, f"state {st}, {dirty} dirty"
 
 
-def _detach_stall(d, running) -> str:
+def _detach_stall(d: Path, running: Path) -> str:
     rate = d / "writeback_rate"
     return (f"state {_get(d / 'state')}, {_get(d / 'dirty_data')} dirty, writeback "
             f"running {_get(running) if running.exists() else '?'}, rate "

@@ -11,18 +11,23 @@ from __future__ import annotations
 import dataclasses
 import re
 import uuid
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from hotcache.provision.backends.parts.dmflush import MIN_MIGRATION, ensure_writeback, wait_clean
 from hotcache.provision.backends.parts.dmtable import (CacheTable, cache_stats, parse_status,
                                                  parse_table, status_failure)
 from hotcache.provision.block import header, probe
 from hotcache.provision.errors import HotcacheError, ProbeFailed
-from hotcache.provision.plan import Ref
-from hotcache.provision.records import DmCacheState
+from hotcache.provision.plan import Ref, RunContext
+from hotcache.provision.records import CacheEntry, DmCacheState
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.backends.parts import state
-from hotcache.provision.backends.base import Backend
+from hotcache.provision.backends.base import Backend, Failure, Nodes, Signature, present_origin
 from hotcache.provision.backends.parts.stats import CacheStats
+
+if TYPE_CHECKING:
+    from hotcache.provision.backends.parts.contract import CacheSpec, Device, Planner
 
 DEFAULT_BLOCK = 64 * 1024     # bytes: small blocks suit many small dataset files
 MIB = 2048                    # sectors
@@ -59,7 +64,7 @@ def metadata_sectors(runner: Runner, ssd_sectors: int, block: int) -> int:
     return -(-int(m.group(1)) // MIB) * MIB
 
 
-def _text(p, key: str, render, *nodes) -> "str | Ref":
+def _text(p: Planner, key: str, render: Callable[..., str], *nodes: str | Ref) -> str | Ref:
     """A table naming device nodes; when a node is only known at run time (a loop device
     not attached yet), a step fills it in then."""
     if all(isinstance(n, str) for n in nodes):
@@ -86,7 +91,7 @@ class DmCache(Backend):
     fails_over = True           # its top dm device is switched to the origin in place
     programs = ("dmsetup", "cache_metadata_size", "mkfs.xfs", "dd", "wipefs")
 
-    def owns(self, entry, dev):
+    def owns(self, entry: CacheEntry | None, dev: Device) -> bool:
         st = state.of(entry, DmCacheState)
         recorded = entry.filesystem.uuid if entry is not None else None
         if dev.role == "origin" and dev.proven and recorded and dev.fs.get("UUID") == recorded:
@@ -100,7 +105,7 @@ class DmCache(Backend):
         return bool(holders) and all(self._dm_name(h) in names for h in holders) \
             or (dev.role == "cache" and not dev.fs)
 
-    def signature(self, entry, role):
+    def signature(self, entry: CacheEntry, role: str) -> Signature | None:
         if role == "cache":
             # dm-cache metadata carries nothing blkid knows: hotcache's header proves the
             # SSD (a cache built before there was one has none)
@@ -110,18 +115,19 @@ class DmCache(Backend):
         # so the origin may show nothing; another signature is still a conflict.
         return ("xfs", entry.filesystem.uuid, "may be absent")
 
-    def live(self, entry, nodes):
+    def live(self, entry: CacheEntry, nodes: Nodes) -> str | None:
         names = state.of(entry, DmCacheState).names or dm_names(entry.spec.get("name", ""))
         if live_table(names["cache"], self.host.runner) is None:
             return f"its dm-cache table {names['cache']} is not loaded"
         return None
 
-    def keeps_filesystem(self, entry, devs):
+    def keeps_filesystem(self, entry: CacheEntry | None, devs: Mapping[str, Device]) -> bool:
         recorded = entry and entry.filesystem.uuid
         return devs["origin"].proven and bool(recorded) \
             and devs["origin"].fs.get("UUID") == recorded
 
-    def geometry(self, p, spec, st, devs) -> dict:
+    def geometry(self, p: Planner, spec: CacheSpec, st: DmCacheState,
+                 devs: Mapping[str, Device]) -> dict[str, Any]:
         if st.data_sectors:
             return {"block_sectors": st.block_sectors, "meta_sectors": st.meta_sectors,
                     "data_sectors": st.data_sectors, "header_sectors": st.header_sectors or 0}
@@ -140,7 +146,8 @@ class DmCache(Backend):
         return {"block_sectors": block, "meta_sectors": meta, "data_sectors": data,
                 "header_sectors": header.SECTORS}
 
-    def build(self, p, spec, entry, devs):
+    def build(self, p: Planner, spec: CacheSpec, entry: CacheEntry | None,
+              devs: Mapping[str, Device]) -> str | Ref:
         st = state.of(entry, DmCacheState)
         runner = self.host.runner
         names = dm_names(spec.name)
@@ -154,7 +161,7 @@ class DmCache(Backend):
         meta, data, head = geo["meta_sectors"], geo["data_sectors"], geo["header_sectors"]
         want = CacheTable(origin.size // 512, f"/dev/mapper/{names['meta']}",
                           f"/dev/mapper/{names['data']}", "ORIGIN", geo["block_sectors"],
-                          spec.effective_mode, [], spec.tunables.get("policy", "smq"),
+                          spec.effective_mode, [], str(spec.tunables.get("policy", "smq")),
                           _policy_args(spec.tunables))
         current = live_table(names["cache"], runner)
         if current is None:
@@ -196,10 +203,10 @@ class DmCache(Backend):
                                         "table": want.render().replace("ORIGIN", "<origin>")})
         return f"/dev/mapper/{names['cache']}"
 
-    def _write_header(self, p, cache: str, node) -> None:
+    def _write_header(self, p: Planner, cache: str, node: str | Ref) -> None:
         """hotcache's header in the first 4 KiB of the SSD, with a UUID drawn when it runs
         (a plan shows no random value), recorded as the SSD's signature."""
-        def write(ctx) -> dict:
+        def write(ctx: RunContext) -> dict[str, Any]:
             if ctx.runner.dry_run:
                 return {}
             drawn = str(uuid.uuid4())
@@ -209,19 +216,20 @@ class DmCache(Backend):
                        f"{header.SIZE // 1024} KiB of the SSD: it proves which cache the SSD "
                        "is, where serials can follow the slot", write)
 
-    def stats(self, entry, nodes) -> CacheStats:
+    def stats(self, entry: CacheEntry, nodes: Nodes) -> CacheStats:
         names = state.of(entry, DmCacheState).names or dm_names(entry.spec["name"])
         res = self.host.runner.run(["dmsetup", "status", names["cache"]])
         return cache_stats(parse_status(res.stdout))
 
-    def failure(self, entry, nodes):
+    def failure(self, entry: CacheEntry, nodes: Nodes) -> Failure | None:
         names = state.of(entry, DmCacheState).names or dm_names(entry.spec["name"])
         return status_failure(self.host.runner, ["dmsetup", "status", names["cache"]], entry)
 
-    def failover_device(self, entry):
+    def failover_device(self, entry: CacheEntry) -> str | None:
         return (state.of(entry, DmCacheState).names or dm_names(entry.spec["name"]))["cache"]
 
-    def drop_failed_cache(self, p, entry, nodes):
+    def drop_failed_cache(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> str:
+        origin = present_origin(nodes)
         names = state.of(entry, DmCacheState).names or dm_names(p.cache)
         # --force swaps in the error target first, so a table stuck on the failed SSD
         # (suspended, or failing its metadata commit) is removed without a flush.
@@ -229,9 +237,9 @@ class DmCache(Backend):
             if live_table(names[part], self.host.runner) is not None:
                 p.command(f"remove the {part} mapping without a flush (the SSD failed)",
                       ["dmsetup", "remove", "--force", "--retry", names[part]])
-        return nodes["origin"]
+        return origin
 
-    def dismantle(self, p, entry, nodes):
+    def dismantle(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> None:
         runner = self.host.runner
         names = state.of(entry, DmCacheState).names or dm_names(p.cache)
         current = live_table(names["cache"], runner)
@@ -256,12 +264,13 @@ class DmCache(Backend):
         # on it would read that claim as another cache's and refuse.
         node, claim = nodes.get("cache"), state.of(entry, DmCacheState).header_uuid
         if node and claim:
-            p.do(f"erase hotcache's header (this cache's UUID) from the SSD {node}",
-                 lambda ctx: ctx.runner.dry_run or header.erase(self.host, ctx.resolve(node),
-                                                                claim))
+            def erase(ctx: RunContext) -> None:
+                if not ctx.runner.dry_run:
+                    header.erase(self.host, ctx.resolve(node), claim)
+            p.do(f"erase hotcache's header (this cache's UUID) from the SSD {node}", erase)
 
 
-def _policy_args(tunables: dict) -> list[str]:
+def _policy_args(tunables: Mapping[str, int | str]) -> list[str]:
     if "migration_threshold" in tunables:
         return ["migration_threshold", str(tunables["migration_threshold"])]
     return []

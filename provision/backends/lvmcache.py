@@ -12,6 +12,9 @@ on the PVs, so after a boot only the activation is missing, which `hotcache rest
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
 from hotcache.provision.backends.parts.dmflush import MIN_MIGRATION, ensure_writeback, wait_clean
 from hotcache.provision.backends.parts.dmtable import (cache_stats, live_mode, parse_status,
                                                      status_failure)
@@ -20,8 +23,12 @@ from hotcache.provision.block.host import Host
 from hotcache.provision.errors import HotcacheError, ProbeFailed, RefusedError
 from hotcache.provision.records import CacheEntry, EntryState, LvmCacheState
 from hotcache.provision.backends.parts import state
-from hotcache.provision.backends.base import Backend, Failure
+from hotcache.provision.backends.base import Backend, Failure, Nodes, Signature
 from hotcache.provision.backends.parts.stats import CacheStats
+from hotcache.provision.plan import Ref, RunContext
+
+if TYPE_CHECKING:
+    from hotcache.provision.backends.parts.contract import CacheSpec, Device, Planner
 
 ORIGIN_LV = "data"
 
@@ -34,13 +41,19 @@ def cache_lv(origin_lv: str) -> str:
     return f"{origin_lv}_hccache"
 
 
-def lvm(host: Host, command: str, *args) -> list:
+# An argv's words: all strings for a probe run now, or with nodes known only once an
+# earlier step ran (Ref) for a planned step.
+Word = TypeVar("Word", str, "str | Ref")
+
+
+def lvm(host: Host, command: str, *args: Word) -> list[Word]:
     """An lvm2 command that never asks (--yes is passed by callers) and, on hosts without
     a devices file, sees every device (a fresh guest or host may not list new disks)."""
-    argv = [command]
+    argv: list[Word] = [command]
     if not host.exists("/etc/lvm/devices/system.devices"):
         argv += ["--config", "devices { use_devicesfile=0 }"]
-    return [*argv, *args]
+    argv.extend(args)
+    return argv
 
 
 # What lvm2 says (exit 5) when the VG, LV or PV asked about is not there: only these
@@ -48,7 +61,7 @@ def lvm(host: Host, command: str, *args) -> list:
 LVM_ABSENT = ("not found", "Failed to find")
 
 
-def report(host: Host, what: str, fields: str, *targets: str) -> list[dict]:
+def report(host: Host, what: str, fields: str, *targets: str) -> list[dict[str, Any]]:
     res = probe.run(host.runner, lvm(host, what, "--reportformat", "json", "-o", fields,
                                      *targets), absent_rc=(5,), absent_stderr=LVM_ABSENT)
     if res is None:
@@ -62,13 +75,13 @@ def report(host: Host, what: str, fields: str, *targets: str) -> list[dict]:
     return rows
 
 
-def lv_info(host: Host, vg: str, lv: str) -> dict | None:
+def lv_info(host: Host, vg: str, lv: str) -> dict[str, Any] | None:
     rows = report(host, "lvs", "lv_name,lv_attr,segtype,cache_mode,cache_policy,"
                   "kernel_cache_settings,vg_uuid,lv_uuid", f"{vg}/{lv}")
     return rows[0] if rows else None
 
 
-def same_lvm(entry: CacheEntry | None, info: dict | None, vg: str, lv: str) -> None:
+def same_lvm(entry: CacheEntry | None, info: dict[str, Any] | None, vg: str, lv: str) -> None:
     """The VG and LV under the recorded names are the ones hotcache built (or adopted):
     names are all lvm2 needs, and another host's disk can bring a VG of the same name.
     Refused (nothing changed) when a recorded UUID differs."""
@@ -87,11 +100,11 @@ def same_lvm(entry: CacheEntry | None, info: dict | None, vg: str, lv: str) -> N
                                     "the recorded disks back")
 
 
-def uuids(host: Host, vg: str, lv: str, pvs: dict[str, str]) -> dict:
+def uuids(host: Host, vg: str, lv: str, pvs: dict[str, str]) -> dict[str, Any]:
     """backend_state's identities of a built cache: the PV UUID of each device hotcache
     made a PV (role -> UUID, what blkid shows as the device's LVM2_member UUID), and the
     VG and LV UUIDs."""
-    out: dict = {"pv_uuids": {}}
+    out: dict[str, Any] = {"pv_uuids": {}}
     for role, node in pvs.items():
         rows = report(host, "pvs", "pv_name,pv_uuid,vg_name", node)
         if not rows or rows[0].get("vg_name") != vg or not rows[0].get("pv_uuid"):
@@ -128,7 +141,7 @@ def pv_vg(host: Host, node: str) -> str | None:
     return rows[0].get("vg_name") if rows else None
 
 
-def existing_lv(host: Host, node) -> tuple[str, str] | None:
+def existing_lv(host: Host, node: str | Ref) -> tuple[str, str] | None:
     """(vg, lv) when `node` is an LVM logical volume (device-mapper uuid LVM-...)."""
     if not isinstance(node, str):
         return None
@@ -141,7 +154,7 @@ def existing_lv(host: Host, node) -> tuple[str, str] | None:
 
 
 def names(host: Host, entry: CacheEntry | None, spec_name: str,
-          origin=None) -> tuple[str, str, bool]:
+          origin: str | Ref | None = None) -> tuple[str, str, bool]:
     """(volume group, origin LV, adopted) for a cache: from the mapping once built."""
     st = state.of(entry, LvmCacheState)
     if st.vg:
@@ -164,7 +177,7 @@ class LvmCache(Backend):
     programs = ("pvcreate", "vgcreate", "vgextend", "vgreduce", "lvcreate", "lvconvert",
                 "lvchange", "lvs", "dmsetup", "mkfs.xfs", "wipefs")
 
-    def owns(self, entry, dev):
+    def owns(self, entry: CacheEntry | None, dev: Device) -> bool:
         st = state.of(entry, LvmCacheState)
         if dev.role == "origin" and dev.fs.get("TYPE") == "xfs":
             lv = existing_lv(self.host, dev.node)
@@ -187,13 +200,13 @@ class LvmCache(Backend):
             return False
         return pv_vg(self.host, dev.node) == vg
 
-    def signature(self, entry, role):
+    def signature(self, entry: CacheEntry, role: str) -> Signature | None:
         st = state.of(entry, LvmCacheState)
         if role == "origin" and st.adopted:
             return ("xfs", entry.filesystem.uuid)
         return ("LVM2_member", (st.pv_uuids or {}).get(role))
 
-    def live(self, entry, nodes):
+    def live(self, entry: CacheEntry, nodes: Nodes) -> str | None:
         vg, lv, _ = names(self.host, entry, entry.spec.get("name", ""))
         info = lv_info(self.host, vg, lv)
         if info is None:
@@ -209,18 +222,19 @@ class LvmCache(Backend):
             raise FileNotFoundError(f"{node} is not an active device-mapper device")
         return name
 
-    def adopted_fs_uuid(self, devs):
+    def adopted_fs_uuid(self, devs: Mapping[str, Device]) -> str | None:
         origin = devs["origin"]
         if origin.fs.get("TYPE") == "xfs" and existing_lv(self.host, origin.node):
             return origin.fs.get("UUID")
         return None
 
-    def keeps_filesystem(self, entry, devs):
+    def keeps_filesystem(self, entry: CacheEntry | None, devs: Mapping[str, Device]) -> bool:
         vg, lv, _ = names(self.host, entry, "", devs["origin"].node)
         return entry is not None and entry.state == EntryState.READY \
             and lv_info(self.host, vg, lv) is not None
 
-    def build(self, p, spec, entry, devs):
+    def build(self, p: Planner, spec: CacheSpec, entry: CacheEntry | None,
+              devs: Mapping[str, Device]) -> str | Ref:
         h = self.host
         origin, cache = devs["origin"], devs["cache"]
         vg, lv, adopted = names(h, entry, spec.name, origin.node)
@@ -234,7 +248,7 @@ class LvmCache(Backend):
             # VG not active. Re-creating it would erase both recorded PVs.
             p.refuse(self._missing(entry, vg, lv, info, devs, "apply"))
             return f"/dev/{vg}/{lv}"
-        mode, policy = spec.effective_mode, spec.tunables.get("policy", "smq")
+        mode, policy = spec.effective_mode, str(spec.tunables.get("policy", "smq"))
         settings = _settings(spec.tunables)
         # The SSD joins an existing VG: the adopted LV's, or after a failed SSD was taken
         # out (teardown --cache-failed), the VG that still holds the origin LV.
@@ -287,7 +301,7 @@ class LvmCache(Backend):
                                                               "cache": cache.node}
             pvs = {r: n for r, n in made_pvs.items() if r not in known}
 
-            def made(ctx) -> dict:
+            def made(ctx: RunContext) -> dict[str, Any]:
                 if ctx.runner.dry_run:
                     return {}
                 found = uuids(h, vg, lv, {r: ctx.resolve(n) for r, n in pvs.items()})
@@ -296,7 +310,8 @@ class LvmCache(Backend):
                            "restore or teardown checks them)", made)
         return f"/dev/{vg}/{lv}"
 
-    def _missing(self, entry, vg: str, lv: str, info: dict | None, devs,
+    def _missing(self, entry: CacheEntry | None, vg: str, lv: str, info: dict[str, Any] | None,
+                 devs: Mapping[str, Device],
                  command: str = "restore") -> str:
         """Why restore cannot re-assemble this cache, naming what is missing (restore
         never builds: re-creating it would erase what the disks hold)."""
@@ -321,7 +336,8 @@ class LvmCache(Backend):
                 f"not active, `vgchange --activate y {vg}`; then run `hotcache {command}` "
                 "again")
 
-    def _attach(self, p, spec, vg, lv, cache, mode, policy, settings) -> None:
+    def _attach(self, p: Planner, spec: CacheSpec, vg: str, lv: str, cache: Device, mode: str,
+                policy: str, settings: dict[str, str]) -> None:
         """Put a cache volume on the SSD and attach it to the origin LV; lvconvert keeps
         the LV's content."""
         cvol, h = cache_lv(lv), self.host
@@ -336,13 +352,13 @@ class LvmCache(Backend):
                   *(["--chunksize", f"{int(chunk) // 1024}k"] if chunk else []),
                   *_settings_args(settings), f"{vg}/{lv}"))
 
-    def stats(self, entry, nodes) -> CacheStats:
+    def stats(self, entry: CacheEntry, nodes: Nodes) -> CacheStats:
         vg, lv, _ = names(self.host, entry, entry.spec["name"])
         major, minor = self.host.devnum(f"/dev/{vg}/{lv}").split(":")
         res = self.host.runner.run(["dmsetup", "status", "-j", major, "-m", minor])
         return cache_stats(parse_status(res.stdout))
 
-    def failure(self, entry, nodes):
+    def failure(self, entry: CacheEntry, nodes: Nodes) -> Failure | None:
         vg, lv, _ = names(self.host, entry, entry.spec["name"])
         try:
             rows = report(self.host, "lvs", "lv_health_status,lv_attr", f"{vg}/{lv}")
@@ -367,14 +383,14 @@ class LvmCache(Backend):
             return None
         return ["dmsetup", "status", "-j", major, "-m", minor]
 
-    def failover_device(self, entry):
+    def failover_device(self, entry: CacheEntry) -> str | None:
         vg, lv, _ = names(self.host, entry, entry.spec["name"])
         try:
             return self._dm_name(f"/dev/{vg}/{lv}")
         except (OSError, ValueError):
             return None             # not active: nothing to switch
 
-    def drop_failed_cache(self, p, entry, nodes):
+    def drop_failed_cache(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> str:
         """Take the failed cache out of the LV, leaving the LV on the origin alone.
 
         lvm2 detaches the cache volume of an inactive LV without activating it, so
@@ -419,16 +435,17 @@ class LvmCache(Backend):
             "keeps a stale LVM label: before it is used again, `wipefs --all` it")
         return f"/dev/{vg}/{lv}"
 
-    def surviving_state(self, entry):
+    def surviving_state(self, entry: CacheEntry) -> dict[str, Any]:
         # The VG and the LV (now on the origin alone) keep their names and UUIDs; the
         # failed SSD's PV is out of the VG.
         kept = state.of(entry, LvmCacheState).dump()
         pvs = {r: u for r, u in (kept.get("pv_uuids") or {}).items() if r != "cache"}
         return {**kept, "pv_uuids": pvs}
 
-    def _still_recorded(self, cache: str, entry, vg: str, lv: str):
+    def _still_recorded(self, cache: str, entry: CacheEntry, vg: str, lv: str
+                        ) -> Callable[[RunContext], None]:
         """A step check: the VG and LV are still there with the recorded UUIDs."""
-        def check(ctx) -> None:
+        def check(ctx: RunContext) -> None:
             info = lv_info(self.host, vg, lv)
             if info is None:
                 raise RefusedError(f"{cache}: stopped: LVM no longer sees {vg}/{lv}",
@@ -436,7 +453,7 @@ class LvmCache(Backend):
             same_lvm(entry, info, vg, lv)
         return check
 
-    def dismantle(self, p, entry, nodes):
+    def dismantle(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> None:
         h = self.host
         vg, lv, _ = names(h, entry, p.cache)
         info = lv_info(h, vg, lv)
@@ -465,13 +482,13 @@ class LvmCache(Backend):
         p.plan.notes.append(f"the data stays in /dev/{vg}/{lv} on the origin")
 
 
-def _settings(tunables: dict) -> dict[str, str]:
+def _settings(tunables: Mapping[str, int | str]) -> dict[str, str]:
     if "migration_threshold" in tunables:
         return {"migration_threshold": str(tunables["migration_threshold"])}
     return {}
 
 
-def _settings_args(settings: dict) -> list[str]:
+def _settings_args(settings: Mapping[str, str]) -> list[str]:
     if not settings:
         return []
     return ["--cachesettings", " ".join(f"{k}={v}" for k, v in settings.items())]

@@ -75,7 +75,7 @@ def attached_set(host: Host, node: str) -> str | None:
     return os.path.basename(host.realpath(link)) if host.exists(link) else None
 
 
-def priority_stats(host: Host, cset: str) -> dict | None:
+def priority_stats(host: Host, cset: str) -> dict[str, int] | None:
     """The cache set's buckets by state, in percent: {'unused': 3, 'clean': 96, 'dirty': 0,
     'metadata': 1}, from priority_stats (how full the cache is, and with what)."""
     text = host.read(f"{set_dir(cset)}/cache0/priority_stats")

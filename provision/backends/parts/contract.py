@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from hotcache.provision.block.blockdev import DeviceReport
@@ -36,7 +36,7 @@ class Device(Protocol):
     @property
     def report(self) -> DeviceReport | None: ...
     @property
-    def fs(self) -> dict: ...
+    def fs(self) -> dict[str, Any]: ...
     @property
     def proven(self) -> bool: ...
 
@@ -71,10 +71,10 @@ class Planner(Protocol):
     @property
     def restoring(self) -> bool: ...
 
-    def command(self, summary: str, argv: list, *, capture: str | None = None,
+    def command(self, summary: str, argv: list[str | Ref], *, capture: str | None = None,
             destructive: bool = False, devices: tuple[str, ...] = (),
             check: Callable[[RunContext], None] | None = None) -> None: ...
 
-    def do(self, summary: str, action) -> None: ...
+    def do(self, summary: str, action: Callable[[RunContext], None]) -> None: ...
 
     def refuse(self, why: str) -> None: ...

@@ -5,6 +5,8 @@ imports the other."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from hotcache.provision.backends.parts.dmtable import parse_status
 from hotcache.provision.errors import CommandFailed, FlushIncomplete
@@ -14,7 +16,7 @@ from hotcache.provision.system.waits import flush_timeout, wait_drained
 MIN_MIGRATION = 2048   # sectors a migration may move at once: the kernel's default
 
 
-def cache_status(name: str, runner: Runner) -> dict:
+def cache_status(name: str, runner: Runner) -> dict[str, Any]:
     """The parsed `dmsetup status` of a live cache; the table going away mid-flush is an
     error that keeps everything (the dirty blocks are still on the SSD)."""
     try:
@@ -26,7 +28,8 @@ def cache_status(name: str, runner: Runner) -> dict:
             hint="`hotcache restore` loads it again; then run teardown again") from None
 
 
-def ensure_writeback(name: str, runner: Runner, say=None, need_cleaner: bool = True) -> None:
+def ensure_writeback(name: str, runner: Runner, say: Callable[[str], object] | None = None,
+                     need_cleaner: bool = True) -> None:
     """Before waiting on a flush: the loaded table must be able to write back. The cleaner
     policy must be active (`need_cleaner`) and migration_threshold large enough (0 holds
     every dirty block); a low threshold is raised in place and read back.
@@ -64,8 +67,8 @@ def diagnose(name: str, runner: Runner) -> str:
             "fix the origin, then run teardown again")
 
 
-def wait_clean(name: str, runner: Runner, **wait) -> None:
-    def remaining():
+def wait_clean(name: str, runner: Runner, **wait: Any) -> None:
+    def remaining() -> tuple[int, str]:
         st = cache_status(name, runner)
         return st["dirty_blocks"], f"{st['dirty_blocks']} dirty blocks"
     wait_drained(f"dm-cache {name} to write its dirty blocks back", remaining,

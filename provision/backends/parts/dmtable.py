@@ -13,11 +13,15 @@ status: <metadata block size> <#used>/<#total metadata blocks> <cache block size
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from hotcache.provision.backends.base import Failure
 from hotcache.provision.backends.parts.stats import CacheStats
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.system.runner import Runner
+
+if TYPE_CHECKING:
+    from hotcache.provision.records import CacheEntry
 
 MODES = ("writethrough", "writeback", "passthrough")
 
@@ -73,7 +77,7 @@ def failed(line: str) -> str | None:
     return None
 
 
-def parse_status(line: str) -> dict:
+def parse_status(line: str) -> dict[str, Any]:
     f = line.split()
     if len(f) > 3 and f[2] == "cache":
         f = f[3:]
@@ -105,7 +109,7 @@ def parse_status(line: str) -> dict:
     }
 
 
-def cache_stats(st: dict) -> CacheStats:
+def cache_stats(st: dict[str, Any]) -> CacheStats:
     """The statistics every backend reports, from a parsed status line."""
     block = st["block_sectors"] * 512
     hits = st["read_hits"] + st["write_hits"]
@@ -125,7 +129,7 @@ def cache_stats(st: dict) -> CacheStats:
     }
 
 
-def status_failure(runner: Runner, argv: list[str], entry) -> Failure | None:
+def status_failure(runner: Runner, argv: list[str], entry: CacheEntry) -> Failure | None:
     """The verdict in a dm-cache status line (`dmsetup status` answers from the kernel's
     tables, without I/O to the devices); None when the device is not loaded or well."""
     try:

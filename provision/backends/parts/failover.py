@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from hotcache.provision.backends.parts.dmtable import failed, parse_status, parse_table
 from hotcache.provision.errors import HotcacheError
-from hotcache.provision.system.runner import Runner
+from hotcache.provision.system.runner import Result, Runner
 
 # What the watcher does about one cache.
 HEALTHY = "healthy"         # the kernel reports nothing wrong
@@ -114,7 +114,7 @@ def switch(runner: Runner, name: str) -> Switched:
     """Switch dm device `name` from its cache table to a linear mapping of the origin,
     if (checked again while it is suspended) every block is on the origin. The device
     is never left suspended: a failure after the suspend resumes what was loaded."""
-    def dm(*args: str, check: bool = True):
+    def dm(*args: str, check: bool = True) -> Result:
         return runner.run(["dmsetup", *args], check=check, timeout=TIMEOUT)
 
     table = dm("table", name).stdout.strip()

@@ -28,7 +28,7 @@ class Found:
     problem: str | None = None   # why no device can be used (a refusal)
 
 
-def expected_signature(entry: CacheEntry, role: str, host: Host) -> tuple | None:
+def expected_signature(entry: CacheEntry, role: str, host: Host) -> tuple[str | None, ...] | None:
     """The signature hotcache wrote on the device, as (TYPE, UUID): () when it wrote none
     that blkid sees, None when it cannot say (an apply that did not finish)."""
     if entry.state != EntryState.READY or entry.backend not in BACKENDS:

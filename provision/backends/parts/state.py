@@ -3,17 +3,20 @@ restore or teardown must know but cannot read back from the devices alone."""
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from hotcache.provision import mapping
 from hotcache.provision.plan import RunContext
 from hotcache.provision.records import STATES, BackendState, CacheEntry
 
+if TYPE_CHECKING:
+    from hotcache.provision.backends.parts.contract import Planner
 
-def remember(p, summary: str, compute: Callable[[RunContext], dict]) -> None:
+
+def remember(p: Planner, summary: str, compute: Callable[[RunContext], dict[str, Any]]) -> None:
     """Queue a step that merges compute(ctx) into the cache's backend_state."""
 
-    def action(ctx) -> None:
+    def action(ctx: RunContext) -> None:
         values = compute(ctx)
         if ctx.runner.dry_run:
             return
