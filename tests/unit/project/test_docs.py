@@ -12,8 +12,10 @@ between the pages lead to files and headings that exist.
 from __future__ import annotations
 
 import codecs
+import fnmatch
 import importlib.util
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -232,11 +234,15 @@ def command_problems(words: list[str], cwd: Path) -> tuple[list[str], Path]:
             return [f"{words[1]} does not exist"], cwd
         return [f"{words[1]} has no option {o}" for o in options
                 if o not in script.read_text()], cwd
-    if program == "pip":
-        extras = set(re.findall(r'^(\w+) = \[', (ROOT / "pyproject.toml").read_text(), re.M))
-        return [f"no extra [{e}]" for w in words[2:]
-                for e in re.findall(r"^hotcache\[([\w,]+)\]$", w) for e in e.split(",")
-                if e not in extras], cwd
+    if program == "pip":        # extras exist; a wheel named carries pyproject's version
+        pyproject = (ROOT / "pyproject.toml").read_text()
+        extras = set(re.findall(r'^(\w+) = \[', pyproject, re.M))
+        version = re.search(r'^version = "(.+)"', pyproject, re.M).group(1)
+        return [f"no extra [{e}]" for w in words[2:] for e in re.findall(
+                    r"^(?:\S*/)?hotcache(?:-[\w.]+-py3-none-any\.whl)?\[([\w,]+)\]$", w)
+                for e in e.split(",") if e not in extras] + [
+                f"{w}: the wheel is hotcache-{version}" for w in words[2:]
+                for v in re.findall(r"hotcache-([\w.]+)-py3-none-any\.whl", w) if v != version], cwd
     if program == "ansible-playbook":
         books = [w for i, w in enumerate(words[1:], 1) if w.endswith(".yml")
                  and words[i - 1] not in ("-i", "-e")]
@@ -287,6 +293,9 @@ def test_a_missing_script_or_option_is_caught():
     assert command_problems([".venv/bin/python", "bench/bench_copy.py", "--repeet", "3"],
                             ROOT)[0]
     assert command_problems(["pip", "install", "hotcache[torhc]"], ROOT)[0]
+    assert command_problems(["pip", "install", "./hotcache-0.1.0-py3-none-any.whl[torhc]"],
+                            ROOT)[0]
+    assert command_problems(["pip", "install", "./hotcache-0.0.9-py3-none-any.whl"], ROOT)[0]
     assert command_problems(["frobnicate"], ROOT)[0]
 
 
@@ -319,3 +328,143 @@ def test_links_between_pages_lead_to_files_and_headings():
                 problems.append(f"{rel(page)}: {target}: no such heading")
     assert links > 40
     assert not problems, "\n".join(problems)
+
+
+# --- what the pages name ----------------------------------------------------------------
+
+# The pages whose names of files, modules and variables must exist: BENCHMARKS.md quotes
+# runs of the past, with the paths they had then.
+NAMING = [p for p in PAGES if p.name != "BENCHMARKS.md"]
+TOP = ("tests", "provision", "adapters", "docs", "bench", "examples", "playbooks", ".ci")
+# A path from the repository's root (tests/unit/x.py, .ci/run, docs/cli.md), or the tail
+# of one as ARCHITECTURE.md and docs/testing.md write them (hotcopy/format.py,
+# guest/powercut.py, backends/parts/); `engine/apply.Env` names Env in engine/apply.py.
+PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.*-]*)")
+MODULE = re.compile(r"\bhotcache\.(?:provision|adapters)(?:\.\w+)*")
+VARIABLE = re.compile(r"\bHOTCACHE_[A-Z0-9_]*[A-Z0-9]\b")
+FILE_SUFFIXES = {".py", ".md", ".sh", ".toml", ".yml", ".yaml", ".json", ".txt", ".j2",
+                 ".service", ".timer", ".cfg", ".ini", ".rules"}
+SKIP_DIRS = {".git", ".venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+             "hotcache.egg-info"}
+
+
+def _tree() -> list[str]:
+    """Every file and folder of the checkout, relative to its root, folders ending in /."""
+    out = []
+    for top, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+        here = os.path.relpath(top, ROOT)
+        prefix = "" if here == "." else here + "/"
+        out += [prefix + d + "/" for d in dirs] + [prefix + f for f in files]
+    return out
+
+
+TREE = _tree()
+
+
+def _is_placeholder(path: str) -> bool:
+    """NAME.py, <subsystem>/, OUT/..., x/../y: a pattern the reader fills in, not a file."""
+    return bool(re.search(r"[<>]|(?:^|/)[A-Z][A-Z_]*(?:[./]|$)|\.\.", path))
+
+
+def _defines(source: str, name: str) -> bool:
+    return bool(re.search(rf"^\s*(?:async def|def|class)\s+{name}\b|^\s*{name}\s*[:=]|"
+                          rf"^(?:from|import) .*\b{name}\b", source, re.M))
+
+
+def path_problem(path: str) -> str | None:
+    """Why `path`, as a page names it, leads to no file or folder of this repository
+    (None when it does); globs must match something."""
+    path = path.rstrip(".,:;)")
+    if _is_placeholder(path):
+        return None
+    from_root = path.split("/")[0] in TOP
+    suffix = Path(path.rstrip("/")).suffix
+    attribute = None
+    if suffix and suffix not in FILE_SUFFIXES and re.fullmatch(r"(?:\w+/)+\w+\.[A-Za-z_]\w*", path):
+        path, attribute = path[:-len(suffix)] + ".py", suffix[1:]
+    elif not from_root and suffix not in FILE_SUFFIXES \
+            and not (path.endswith("/") and path.count("/") > 1):
+        return None       # not a path: read/write, GiB/s, a label's domain, one folder's name
+    pattern = path if from_root else "*/" + path
+    found = [t for t in TREE if fnmatch.fnmatchcase(t if path.endswith("/") else t.rstrip("/"),
+                                                    pattern)]
+    if not found:
+        return f"{path} does not exist"
+    if attribute and not any(_defines((ROOT / f).read_text(), attribute) for f in found):
+        return f"{path} has no {attribute}"
+    return None
+
+
+def module_problem(name: str) -> str | None:
+    """Why `hotcache.x.y` names no module of this repository, or no name in one."""
+    parts = name.split(".")
+    for i in range(len(parts), 1, -1):
+        try:
+            spec = importlib.util.find_spec(".".join(parts[:i]))
+        except ModuleNotFoundError:
+            spec = None
+        if spec is None or spec.origin is None:
+            continue
+        rest = parts[i:]
+        if not rest:
+            return None
+        if _defines(Path(spec.origin).read_text(), rest[0]):
+            return None
+        return f"{name}: {'.'.join(parts[:i])} has no {rest[0]}"
+    return f"{name}: no such module"
+
+
+def _code_text() -> str:
+    """Every file of the repository's code (not its pages), as one text."""
+    files = [ROOT / t for t in TREE if t.split("/")[0] in TOP and t.split("/")[0] != "docs"
+             and not t.endswith(("/", ".md")) and "." + t.rpartition(".")[2] in FILE_SUFFIXES]
+    return "\n".join(p.read_text(errors="replace") for p in files)
+
+
+def names_in(text: str) -> tuple[set[str], set[str], set[str]]:
+    """The paths (in inline code or plain words), modules and HOTCACHE_ variables a page
+    names. Links are checked by the test above; URLs are not paths here."""
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    text = re.sub(r"\b[a-z]+://\S+", "", text)
+    paths = set(PATH.findall(text))
+    return paths, set(MODULE.findall(text)), set(VARIABLE.findall(text))
+
+
+def stale_names(text: str, code: str) -> list[str]:
+    paths, modules, variables = names_in(text)
+    return ([p for p in map(path_problem, sorted(paths)) if p]
+            + [m for m in map(module_problem, sorted(modules)) if m]
+            + [f"{v} appears nowhere in the code" for v in sorted(variables)
+               if not re.search(rf"\b{v}\b", code)])
+
+
+def test_paths_modules_and_variables_named_in_the_pages_exist():
+    code, problems = _code_text(), []
+    for page in NAMING:
+        problems += [f"{rel(page)}: {p}" for p in stale_names(page.read_text(), code)]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("run `tests/unit/test_adapters_*.py`", "tests/unit/test_adapters_*.py does not exist"),
+    ("see provision/hotcopy/formats.py", "provision/hotcopy/formats.py does not exist"),
+    ("(`hotcopy/selections.py`)", "hotcopy/selections.py does not exist"),
+    ("the docs in docs/tseting.md", "docs/tseting.md does not exist"),
+    ("`hotcache.provision.hotcopy.formt`", "hotcache.provision.hotcopy has no formt"),
+    ("`engine/apply.Evn`", "engine/apply.py has no Evn"),
+    ("`guest/guest_reboots.py`", "guest/guest_reboots.py does not exist"),
+    ("`hotcache.provision.hotcopy.format.read_metadta`", "has no read_metadta"),
+    ("set HOTCACHE_NO_SUCH_THING=1", "HOTCACHE_NO_SUCH_THING appears nowhere in the code"),
+])
+def test_a_stale_path_module_or_variable_is_caught(text, problem):
+    assert any(problem in p for p in stale_names(text, "HOTCACHE_VM_K = 1"))
+
+
+def test_real_names_pass():
+    text = ("`tests/unit/project/test_docs.py`, provision/system/beneath.py, "
+            "`hotcopy/format.py`, `backends/parts/`, docs/cli.md, `tests/unit/<subsystem>/`, "
+            "`provision/backends/NAME.py`, `hotcache.provision.hotcopy.format.read_metadata`, "
+            "`hotcache.adapters`, HOTCACHE_VM_K, read/write, `engine/apply.Env`, "
+            "guest/powercut.py, `.ci/run`, 12 GiB/140.2 s, x/../a.img")
+    assert stale_names(text, "HOTCACHE_VM_K = 1") == []
