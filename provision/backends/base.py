@@ -141,6 +141,18 @@ class Backend:
         """Queue the steps that take the cache apart once its filesystem is unmounted
         (the engine then removes the boot-time unit when `restores_at_boot`)."""
 
+    def kept_on_wipe(self, entry: "CacheEntry", role: str, node: str) -> str | None:
+        """Why `teardown --wipe` leaves the signatures on the `role` device (at `node`)
+        alone, as a note for the plan: it holds data hotcache adopted rather than made.
+        None: --wipe erases them."""
+        return None
+
+    @classmethod
+    def forget_loses(cls, entry: "CacheEntry") -> list[str]:
+        """What the entry's backend_state alone knows, which `teardown --forget` loses
+        (said before it is done); each an object of "--forget loses ..."."""
+        return []
+
 
 def present_origin(nodes: Nodes) -> str:
     """The origin's node, for a step that must name it (the device that keeps the

@@ -256,6 +256,14 @@ class Bcache(Backend):
         backing = state.of(entry, BcacheState).backing_uuid
         return {"backing_uuid": backing} if backing else {}
 
+    @classmethod
+    def forget_loses(cls, entry: CacheEntry) -> list[str]:
+        st = state.of(entry, BcacheState)
+        if not st.cset_uuid:
+            return []
+        return [f"which cache set ({st.cset_uuid}) and backing device ({st.backing_uuid}) "
+                "belong together"]
+
     def dismantle(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> None:
         node, cset = nodes.get("origin"), state.of(entry, BcacheState).cset_uuid
         h = self.host

@@ -239,6 +239,14 @@ class DmCache(Backend):
                       ["dmsetup", "remove", "--force", "--retry", names[part]])
         return origin
 
+    @classmethod
+    def forget_loses(cls, entry: CacheEntry) -> list[str]:
+        st = state.of(entry, DmCacheState)
+        if not st.data_sectors:
+            return []
+        return [f"the dm-cache geometry (block {st.block_sectors} sectors, metadata "
+                f"{st.meta_sectors}, data {st.data_sectors}) needed to load the cache again"]
+
     def dismantle(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> None:
         runner = self.host.runner
         names = state.of(entry, DmCacheState).names or dm_names(p.cache)

@@ -442,6 +442,17 @@ class LvmCache(Backend):
         pvs = {r: u for r, u in (kept.get("pv_uuids") or {}).items() if r != "cache"}
         return {**kept, "pv_uuids": pvs}
 
+    def kept_on_wipe(self, entry: CacheEntry, role: str, node: str) -> str | None:
+        if role == "origin" and state.of(entry, LvmCacheState).adopted:
+            return (f"the origin LV {node} is not wiped: hotcache adopted it with its data "
+                    "and did not create it")
+        return None
+
+    @classmethod
+    def forget_loses(cls, entry: CacheEntry) -> list[str]:
+        vg = state.of(entry, LvmCacheState).vg
+        return [f"that volume group {vg} belongs to this cache"] if vg else []
+
     def _still_recorded(self, cache: str, entry: CacheEntry, vg: str, lv: str
                         ) -> Callable[[RunContext], None]:
         """A step check: the VG and LV are still there with the recorded UUIDs."""

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 
 from hotcache.provision import mapping
-from hotcache.provision.backends import block_cache
+from hotcache.provision.backends import BACKENDS, block_cache
 from hotcache.provision.backends.parts import recorded
 from hotcache.provision.block import blockdev
 from hotcache.provision.block import busy
@@ -27,7 +27,7 @@ from hotcache.provision.engine.bootunit import remove_unit
 from hotcache.provision.engine.apply import Env, Planner
 from hotcache.provision.errors import RefusedError, UsageError
 from hotcache.provision.plan import Plan
-from hotcache.provision.records import BcacheState, CacheEntry, DmCacheState, LvmCacheState
+from hotcache.provision.records import CacheEntry
 
 
 def _refuse_if_failed(name: str, entry, env: Env, seen: dict) -> None:
@@ -114,11 +114,10 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
     for role, info in entry.devices.items():
         node = nodes[role]
         image = info.loop_file
-        adopted = role == "origin" and isinstance(entry.backend_state, LvmCacheState) \
-            and entry.backend_state.adopted
-        if node is not None and wipe and adopted:
-            plan.notes.append(f"the origin LV {node} is not wiped: hotcache adopted it with "
-                              "its data and did not create it")
+        kept_why = backend.kept_on_wipe(entry, role, node) if wipe and node is not None \
+            else None
+        if kept_why:
+            plan.notes.append(kept_why)
         elif node is not None and wipe:
             p.command(f"erase signatures on the {role} device {node} (--wipe; found by its "
                   "identity)",
@@ -289,20 +288,13 @@ def _kept_note(name: str, entry: CacheEntry, image: str, *, wiped: bool) -> str:
 
 def lost(entry: CacheEntry, why: str | None) -> list[str]:
     """What forgetting the entry loses, said before it is done."""
-    st = entry.backend_state
     out = [f"not live: {why}"] if why else []
     if entry.mode == "writeback":
         out.append("the cache was in writeback: dirty blocks still on the SSD will never "
                    "reach the origin, so the filesystem on the origin may be incomplete")
-    if isinstance(st, DmCacheState) and st.data_sectors:
-        out.append(f"the dm-cache geometry (block {st.block_sectors} sectors, "
-                   f"metadata {st.meta_sectors}, data {st.data_sectors}) needed "
-                   "to load the cache again")
-    if isinstance(st, BcacheState) and st.cset_uuid:
-        out.append(f"which cache set ({st.cset_uuid}) and backing device "
-                   f"({st.backing_uuid}) belong together")
-    if isinstance(st, LvmCacheState) and st.vg:
-        out.append(f"that volume group {st.vg} belongs to this cache")
+    backend = BACKENDS.get(entry.backend)
+    if backend is not None:
+        out += backend.forget_loses(entry)
     for role, info in entry.devices.items():
         out.append(f"the record of its {role} device, {recorded.describe_recorded(info)}, "
                    "which hotcache then treats as foreign")
