@@ -158,14 +158,16 @@ def status(
         return _records_status(path, name, as_json)
     from hotcache.provision.engine.reattach import waiting as waiting_for_ssd
 
-    waiting = [w for w in waiting_for_ssd(load(path)) if name is None or w["name"] == name]
-    if name is not None and name not in load(path)["caches"] and not waiting:
+    data = load(path)       # parsed once: every step below reads this one
+    waiting = [w for w in waiting_for_ssd(data) if name is None or w["name"] == name]
+    if name is not None and name not in data["caches"] and not waiting:
         from hotcache.provision.errors import UsageError
 
         raise UsageError(f"no cache named {name!r} in the mapping {path}",
                          hint="`hotcache status` without a name lists them all")
     try:
-        rows = [] if waiting and name is not None else host_status(path, fstab, Runner(), name)
+        rows = [] if waiting and name is not None else \
+            host_status(path, fstab, Runner(), name, data)
     except (HotcacheError, OSError):
         if name is None:    # what jobs read must not outlive what root can still prove
             from hotcache.provision.observe.verified_index import clear
@@ -178,22 +180,22 @@ def status(
     if name is None:     # root (the metrics timer): what jobs and other accounts read
         from hotcache.provision.observe.verified_index import write as write_index
 
-        write_index(path, rows, load(path)["caches"])
+        write_index(path, rows, data["caches"])
     if prometheus is not None:
         from hotcache.provision.observe.metrics import write_textfile
 
-        write_textfile(prometheus, rows, path)
+        write_textfile(prometheus, rows, path, data["caches"])
         from hotcache.provision.observe.progress import sweep
 
         sweep(Path(os.path.abspath(prometheus)).parent)
     if node_labels is not None:
         from hotcache.provision.observe.nodelabels import write as write_labels
 
-        write_labels(node_labels, rows, path)
+        write_labels(node_labels, rows, path, caches=data["caches"])
     if slurm_push:
         from hotcache.provision.observe.slurm import push as push_features
 
-        push_features(rows, load(path)["caches"])
+        push_features(rows, data["caches"])
     if as_json:
         emit({"state": str(path), "caches": rows, "waiting_for_ssd": waiting,
               "ok": not drift}, "status")

@@ -259,7 +259,9 @@ def _describe(entry: CacheEntry, role: str) -> str:
 
 
 def host_status(state_path, fstab_file, runner: Runner,
-                name: str | None = None) -> list[StatusRow]:
-    data = mapping.load(state_path)
+                name: str | None = None, data: dict | None = None) -> list[StatusRow]:
+    """Status rows of every cache (or `name`); `data`: the mapping, when the caller has
+    loaded it already (a command parses it once)."""
+    data = data if data is not None else mapping.load(state_path)
     names = [name] if name else list(data["caches"])
     return [cache_status(n, data["caches"][n], runner, fstab_file) for n in names]

@@ -332,18 +332,22 @@ class _Families:
         return list(self._by_name.values())
 
 
-def registry_for(rows: list[StatusRow], state: Path, now: float | None = None) -> CollectorRegistry:
+def registry_for(rows: list[StatusRow], state: Path, now: float | None = None,
+                 caches: dict | None = None) -> CollectorRegistry:
+    """`caches`: the mapping's entries, when the caller has loaded them already."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(StatusCollector(rows, mapping.load(state)["caches"], now))
+    reg.register(StatusCollector(rows, caches if caches is not None
+                                 else mapping.load(state)["caches"], now))
     return reg
 
 
-def write_textfile(path: str | os.PathLike, rows: list[StatusRow], state: Path) -> None:
+def write_textfile(path: str | os.PathLike, rows: list[StatusRow], state: Path,
+                   caches: dict | None = None) -> None:
     """Write the metrics to `path` atomically (an O_EXCL temp file in the same folder,
     then rename), never through a name planted in that folder."""
     from prometheus_client import generate_latest
 
-    write_atomic(path, generate_latest(registry_for(rows, state)).decode())
+    write_atomic(path, generate_latest(registry_for(rows, state, caches=caches)).decode())
 
 
 # --- the systemd timer -----------------------------------------------------------------

@@ -136,10 +136,12 @@ def feature_file(found: dict[str, str], now: dt.datetime | None = None,
 
 
 def write(path: str | Path, rows: list[StatusRow], state: Path,
-          expiry_seconds: int = DEFAULT_EXPIRY_SECONDS) -> dict[str, str]:
-    """Write the feature file atomically; returns the labels written."""
+          expiry_seconds: int = DEFAULT_EXPIRY_SECONDS,
+          caches: dict | None = None) -> dict[str, str]:
+    """Write the feature file atomically; returns the labels written. `caches`: the
+    mapping's entries, when the caller has loaded them already."""
     from hotcache.provision.system.atomic import write_atomic
 
-    found = labels(rows, mapping.load(state)["caches"])
+    found = labels(rows, caches if caches is not None else mapping.load(state)["caches"])
     write_atomic(path, feature_file(found, expiry_seconds=expiry_seconds))
     return found
