@@ -115,8 +115,9 @@ def trusted_program(program: str | os.PathLike, code: str | os.PathLike) -> str:
         raise RefusedError(
             f"the boot unit would run {program} as root at every boot, but others can "
             f"change what it runs:\n  {shown}",
-            hint="install hotcache where only root can write (e.g. python3 -m venv "
-                 "/opt/hotcache && /opt/hotcache/bin/pip install hotcache, as root) and run "
+            hint="install hotcache where only root can write (e.g. /usr/bin/python3 -m venv "
+                 "/opt/hotcache && /opt/hotcache/bin/pip install CHECKOUT-OR-WHEEL, as root) "
+                 "and run "
                  "apply with /opt/hotcache/bin/hotcache; or make each path above owned by "
                  "root and not group/other-writable (chown root:root, chmod go-w)")
     return str(program)
