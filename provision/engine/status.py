@@ -138,6 +138,11 @@ def _bare_origin(host: Host, entry: CacheEntry, origin: DeviceSeen | None,
     if mount is None or origin is None or not origin["node"]:
         return
     try:
+        if entry.cached_device and host.devnum(entry.cached_device) == mount.source_dev:
+            return      # the cache device (an adopted LV is both origin and cached LV)
+    except OSError:
+        pass            # not there (a raw dm-cache whose tables are not loaded)
+    try:
         bare = host.devnum(origin["node"]) == mount.source_dev
     except OSError:
         return

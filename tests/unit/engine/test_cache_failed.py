@@ -387,3 +387,22 @@ def test_bcache_detached_from_a_set_still_registered_is_no_ssd_failure(tmp_path)
                                        "mode": "writeback",
                                        "backend_state": {"cset_uuid": "cset-1"}})
     assert Bcache(fake).failure(entry, {"origin": "/dev/vdb"}) is None
+
+
+def test_a_cache_device_that_is_also_the_recorded_origin_is_not_flagged(host, env, tmp_path):
+    """An lvmcache that adopted an existing LV records that LV as its origin, and the LV,
+    cached in place, is the device mounted: not a bare origin."""
+    from hotcache.provision.observe import nodelabels
+
+    dm_cache(host, env)
+    mp = tmp_path / "mp"
+    mp.mkdir()
+    data = mapping.load(env.state)
+    entry = data["caches"]["c1"]
+    entry.filesystem.mountpoint = str(mp)
+    entry.cached_device = "/dev/vdc"         # the origin's own node, cached in place
+    mapping.save(env.state, data)
+    host.mount("/dev/vdc", str(mp), "noatime")
+    got = row(host, env)
+    assert "ORIGIN_WITHOUT_CACHE" not in [f["code"] for f in got["findings"]], got["findings"]
+    assert nodelabels._up(got)
