@@ -154,17 +154,17 @@ class Backend:
         return []
 
 
-def present_origin(nodes: Nodes) -> str:
+def present_origin(nodes: Nodes, cache: str) -> str:
     """The origin's node, for a step that must name it (the device that keeps the
     filesystem once a failed cache is dropped); a refusal when it is not present or not
     provably the recorded one, rather than a plan naming no device."""
     node = nodes.get("origin")
     if node is None:
-        raise RefusedError("the origin device is not present, or nothing proves it is the "
-                           "one recorded; nothing was changed",
-                           hint="put the origin disk back (`hotcache status` names each "
-                                "device it finds); `hotcache teardown NAME --forget` forgets "
-                                "the cache without touching a device")
+        raise RefusedError(f"{cache}: its origin device is not present, or nothing proves it "
+                           "is the one recorded; nothing was changed",
+                           hint=f"put the origin disk back (`hotcache status {cache}` names "
+                                f"each device it finds); `hotcache teardown {cache} --forget` "
+                                "forgets the cache without touching a device")
     return node
 
 

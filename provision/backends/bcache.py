@@ -235,7 +235,7 @@ class Bcache(Backend):
         }
 
     def drop_failed_cache(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> str:
-        node, cset = present_origin(nodes), state.of(entry, BcacheState).cset_uuid
+        node, cset = present_origin(nodes, p.cache), state.of(entry, BcacheState).cset_uuid
         h = self.host
         if sb.attached_set(h, node) is not None:
             raise RefusedError(f"{node} is still attached to its cache set {cset}: bcache has "

@@ -229,7 +229,7 @@ class DmCache(Backend):
         return (state.of(entry, DmCacheState).names or dm_names(entry.spec["name"]))["cache"]
 
     def drop_failed_cache(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> str:
-        origin = present_origin(nodes)
+        origin = present_origin(nodes, p.cache)
         names = state.of(entry, DmCacheState).names or dm_names(p.cache)
         # --force swaps in the error target first, so a table stuck on the failed SSD
         # (suspended, or failing its metadata commit) is removed without a flush.

@@ -356,7 +356,7 @@ def test_the_bare_origin_mounted_without_its_cache_is_flagged_and_published_nowh
     codes = [f["code"] for f in got["findings"]]
     assert "ORIGIN_WITHOUT_CACHE" in codes, got["findings"]
     assert not got["ok"] and got["mounted"]
-    assert not nodelabels._up(got)
+    assert not nodelabels.is_up(got)
     fix = next(f.fix for f in doctor.check_drift({"c1": got}) if f.code == "ORIGIN_WITHOUT_CACHE")
     assert "hotcache restore c1" in fix
 
@@ -366,7 +366,7 @@ def test_the_cache_device_mounted_is_not_flagged(host, env, tmp_path):
 
     got = mounted_from(host, env, tmp_path, "/dev/mapper/hc-c1")
     assert "ORIGIN_WITHOUT_CACHE" not in [f["code"] for f in got["findings"]], got["findings"]
-    assert nodelabels._up(got)
+    assert nodelabels.is_up(got)
 
 
 def test_bcache_detached_from_a_set_still_registered_is_no_ssd_failure(tmp_path):
@@ -405,4 +405,27 @@ def test_a_cache_device_that_is_also_the_recorded_origin_is_not_flagged(host, en
     host.mount("/dev/vdc", str(mp), "noatime")
     got = row(host, env)
     assert "ORIGIN_WITHOUT_CACHE" not in [f["code"] for f in got["findings"]], got["findings"]
-    assert nodelabels._up(got)
+    assert nodelabels.is_up(got)
+
+
+@pytest.mark.parametrize("backend", ["bcache", "dm-cache"])
+def test_dropping_a_failed_cache_without_its_origin_is_refused_naming_the_cache(tmp_path,
+                                                                              backend):
+    """The step that leaves the filesystem on the origin must name the origin: with none
+    present it is a refusal naming the cache and the way out, and nothing is planned."""
+    from hotcache.provision.backends import get
+    from hotcache.provision.engine.apply import Planner
+    from hotcache.provision.plan import Plan
+    from hotcache.provision.records import CacheEntry
+    from tests.helpers import recorded_entry
+    from tests.unit.fakehost import FakeHost
+
+    fake = FakeHost(tmp_path / "host")
+    plan = Plan()
+    p = Planner(fake.env(tmp_path), "c1", plan)
+    entry = CacheEntry.model_validate(recorded_entry("c1", backend=backend))
+    with pytest.raises(RefusedError) as err:
+        get(backend, fake).drop_failed_cache(p, entry, {"origin": None})
+    assert "c1: its origin device is not present" in str(err.value)
+    assert "hotcache teardown c1 --forget" in str(err.value)
+    assert plan.steps == []
