@@ -80,7 +80,7 @@ def cache_label(cache: str) -> str:
     return f"{PREFIX}/cache-{slug(cache, limit=50)}"
 
 
-def _up(row: StatusRow) -> bool:
+def is_up(row: StatusRow) -> bool:
     """Up: mounted, built, and mounted from its cache (never the bare origin of a block
     cache, which would serve or take writes the cache does not see)."""
     return row["mounted"] and row["state"] == "ready" and \
@@ -92,7 +92,7 @@ def verified_copies(rows: list[StatusRow], caches: dict) -> list[dict]:
     verification passed (each with its `cache` and `backend`). `rows` are `hotcache
     status` rows, `caches` the mapping's entries."""
     out = []
-    for row in filter(_up, rows):
+    for row in filter(is_up, rows):
         for copy in hot_copies(caches.get(row["name"]), True):
             if copy["verified"]:         # recorded by hotcache and still that folder
                 out.append({**copy, "cache": row["name"], "backend": row["backend"]})
@@ -102,7 +102,7 @@ def verified_copies(rows: list[StatusRow], caches: dict) -> list[dict]:
 def labels(rows: list[StatusRow], caches: dict) -> dict[str, str]:
     """{label: value} for the caches that are up and the verified hot copies on them."""
     out: dict[str, str] = {}
-    for row in filter(_up, rows):
+    for row in filter(is_up, rows):
         key = cache_label(row["name"])
         out[key] = value(row["backend"] or PLAIN)
         stats = row.get("cache")

@@ -76,6 +76,10 @@ def entries(rows: list[StatusRow], caches: dict) -> list[Entry]:
             st = os.lstat(where)
         except OSError:
             continue
+        record = (caches[copy["cache"]].hot_copies or {}).get(copy["path"])
+        if record is not None and record.inode is not None and \
+                (st.st_dev, st.st_ino, st.st_uid) != (record.dev, record.inode, record.uid):
+            continue    # swapped since verified_copies looked: never index what is there now
         if meta is None or meta.get("verify_ok") is not True or not stat.S_ISDIR(st.st_mode):
             continue
         mountpoint = caches[copy["cache"]].filesystem.mountpoint
@@ -95,11 +99,10 @@ def unverified(rows: list[StatusRow], caches: dict) -> list[dict]:
     verification, never verified, not recorded by hotcache): a job that asks for one
     is told why it gets no DATA_ROOT."""
     from hotcache.provision.observe.metrics import hot_copies
+    from hotcache.provision.observe.nodelabels import is_up
 
     out = []
-    for row in rows:
-        if not (row["mounted"] and row["state"] == "ready"):
-            continue
+    for row in filter(is_up, rows):
         for copy in hot_copies(caches.get(row["name"]), True):
             if not copy["verified"]:
                 state = str(copy["state"]) if copy["recorded"] or not copy["present"] \

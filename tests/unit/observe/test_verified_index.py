@@ -194,3 +194,22 @@ def test_a_status_run_that_cannot_check_the_host_empties_the_index(node, monkeyp
                         node_labels=None, slurm_push=False, interval=0)
     assert verified_index.read(state) == ([], "")
     assert "no verified hot copy of ds" in refused(prolog(state, HOTCACHE_DATASET="ds"))
+
+
+def test_a_folder_swapped_in_while_root_writes_the_index_is_never_indexed(node, monkeypatch):
+    """Between nodelabels' check of the record and the index's own look at the folder, a
+    member swaps hers in: the index describes what the record names, or nothing."""
+    from hotcache.provision.observe import nodelabels
+    from tests.helpers import entry_record
+
+    _state, dest = node
+    roots = os.lstat(dest)
+    dest.rename(dest.parent / "roots")
+    shutil.copytree(dest.parent / "roots", dest)          # hers, metadata and all
+    entry = entry_record("hot", hot_copies={str(dest): {
+        "name": "ds", "version": "1", "dev": roots.st_dev, "inode": roots.st_ino,
+        "uid": roots.st_uid}})
+    seen = [{"name": "ds", "version": "1", "path": str(dest), "cache": "hot",
+             "backend": "none"}]                           # as checked before the swap
+    monkeypatch.setattr(nodelabels, "verified_copies", lambda rows, caches: seen)
+    assert verified_index.entries([], {"hot": entry}) == []
