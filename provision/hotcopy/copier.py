@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+from array import array
 import json
 import os
 import pwd
@@ -473,7 +474,8 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> C
         staging.create(src, dest)
         if existed:
             staging.prune(_resumed(plan))
-        digests, recopied = _run(src, src_fd, place, staging, plan, opts, owner, mode, meter)
+        digests, mtimes, recopied = _run(src, src_fd, place, staging, plan, opts, owner, mode,
+                                         meter)
         summary["copied_files"] += recopied
         if old is not None and _same(plan, opts, name) and not recopied and \
                 opts.version in (None, old["version"]):
@@ -483,8 +485,8 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> C
         verified_at = _read_back(staging, sel.entries, digests, opts, meter) \
             if opts.verify else None
         try:
-            meta = _finish(staging, src, dest, digests, sel, opts, name, version, old,
-                           owner, verified_at)
+            meta = _finish(staging, src, dest, digests, mtimes, sel, opts, name, version,
+                           old, owner, verified_at)
         except OSError as exc:
             _fail(exc, staging, dest, plan, lambda: None)
             raise
@@ -532,9 +534,10 @@ def _resumed(plan: CopyPlan) -> set[str]:
 
 
 def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owner, mode,
-         meter) -> tuple[Spool, int]:
+         meter) -> tuple[Spool, "array[int]", int]:
     """Copy/link everything in the plan; returns the sha256 of every selected file (32
-    bytes each, in the selection's order) and how many files --checksum found changed.
+    bytes each, in the selection's order), the mtime each file got (ns, the same order),
+    and how many files --checksum found changed.
     The work is handed out a window of batches at a time, as the selection is read, so
     nothing per file is held beyond the compact arrays: batches of many small files to
     worker processes, the rest to threads (lanes.py)."""
@@ -544,6 +547,10 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
     entries, kinds = plan.entries, plan.kinds
     _make_folders(staging.fd, entries.rels(), mode, owner)
     digests = plan.known   # filled in place: the known ones are already there
+    # The mtime each file has in the copy, known without reading it back: a resumed or
+    # linked file has the one the walk saw (the plan matched it so), a copied file the
+    # one its source had when it was opened (set with utime), which replaces it below.
+    mtimes = array("q", (e.mtime_ns for e in entries))
 
     def work() -> Iterator[Item]:
         for i, (e, kind) in enumerate(zip(entries, kinds)):
@@ -584,7 +591,8 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
                     meter.advance(moved)
                     recopied += changed
                     _store_digests(digests, finished)
-                    for _i, line in finished:
+                    for i, line in finished:
+                        mtimes[i] = line[2]
                         pending.append(line)
                         since["bytes"] += line[1]
                     meter.file_done(len(finished))
@@ -601,7 +609,7 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
             if died:
                 raise died from exc
             raise
-    return digests, worker.recopied + recopied
+    return digests, mtimes, worker.recopied + recopied
 
 
 def _make_folders(staging_fd: int, rels: Iterable[str], mode: int | None,
@@ -728,16 +736,13 @@ def _pairs(entries: Entries, digests: Spool) -> Iterator[tuple[str, str]]:
             yield next(rels), block[at:at + DIGEST].hex()
 
 
-def _finish(staging: Staging, src, dest, digests, sel, opts, name, version, old,
+def _finish(staging: Staging, src, dest, digests, mtimes, sel, opts, name, version, old,
             owner, verified_at: str | None) -> dict:
     """Manifest, metadata, then make it all durable (the folders got their owner and
     mode when they were made). The manifest is written before the journal is dropped: a
     failure here resumes, not starts over."""
     manifest.write(staging.fd, _pairs(sel.entries, digests), owner)
-    # As the files are now (a source touched after the walk was copied as it was then
-    # opened); the staging folder is root's 0700, so nobody can swap a path in it.
-    manifest.write_mtimes(staging.fd, (os.stat(rel, dir_fd=staging.fd, follow_symlinks=False)
-                                       .st_mtime_ns for rel in sel.entries.rels()), owner)
+    manifest.write_mtimes(staging.fd, mtimes, owner)
     meta = {
         "format": FORMAT, "complete": True, "name": name, "version": str(version),
         "source": str(src), "files": len(sel.entries), "bytes": sel.bytes, "hash": "sha256",
