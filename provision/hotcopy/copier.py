@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import itertools
-from array import array
 import json
 import os
 import pwd
@@ -534,10 +533,10 @@ def _resumed(plan: CopyPlan) -> set[str]:
 
 
 def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owner, mode,
-         meter) -> tuple[Spool, "array[int]", int]:
+         meter) -> tuple[Spool, dict[int, int], int]:
     """Copy/link everything in the plan; returns the sha256 of every selected file (32
-    bytes each, in the selection's order), the mtime each file got (ns, the same order),
-    and how many files --checksum found changed.
+    bytes each, in the selection's order), the mtimes (ns) of the files whose copy got
+    another than the walk saw, by index, and how many files --checksum found changed.
     The work is handed out a window of batches at a time, as the selection is read, so
     nothing per file is held beyond the compact arrays: batches of many small files to
     worker processes, the rest to threads (lanes.py)."""
@@ -549,8 +548,9 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
     digests = plan.known   # filled in place: the known ones are already there
     # The mtime each file has in the copy, known without reading it back: a resumed or
     # linked file has the one the walk saw (the plan matched it so), a copied file the
-    # one its source had when it was opened (set with utime), which replaces it below.
-    mtimes = array("q", (e.mtime_ns for e in entries))
+    # one its source had when it was opened (set with utime). Only those that differ
+    # from the walk's (a source touched since) are held, so memory stays flat.
+    mtimes: dict[int, int] = {}
 
     def work() -> Iterator[Item]:
         for i, (e, kind) in enumerate(zip(entries, kinds)):
@@ -592,7 +592,8 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
                     recopied += changed
                     _store_digests(digests, finished)
                     for i, line in finished:
-                        mtimes[i] = line[2]
+                        if line[2] != entries.mtime_ns(i):
+                            mtimes[i] = line[2]
                         pending.append(line)
                         since["bytes"] += line[1]
                     meter.file_done(len(finished))
@@ -742,7 +743,8 @@ def _finish(staging: Staging, src, dest, digests, mtimes, sel, opts, name, versi
     mode when they were made). The manifest is written before the journal is dropped: a
     failure here resumes, not starts over."""
     manifest.write(staging.fd, _pairs(sel.entries, digests), owner)
-    manifest.write_mtimes(staging.fd, mtimes, owner)
+    manifest.write_mtimes(staging.fd, (mtimes.get(i, e.mtime_ns)
+                                       for i, e in enumerate(sel.entries)), owner)
     meta = {
         "format": FORMAT, "complete": True, "name": name, "version": str(version),
         "source": str(src), "files": len(sel.entries), "bytes": sel.bytes, "hash": "sha256",

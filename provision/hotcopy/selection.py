@@ -89,6 +89,9 @@ class Entries(Sequence):
     def size(self, i: int) -> int:
         return self._numbers(i)[1]
 
+    def mtime_ns(self, i: int) -> int:
+        return self._numbers(i)[2]
+
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]

@@ -91,3 +91,28 @@ def test_a_full_pass_makes_the_mtimes_as_they_are_the_record(tmp_path):
     rewrite_in_place(victim, keep_mtime=False)
     rc, report = hotcache_json("verify", dest)
     assert rc == 5 and report["mtimes_checked"], report
+
+
+def test_a_source_touched_after_the_walk_is_recorded_with_the_mtime_its_copy_got(
+        tmp_path, monkeypatch):
+    """The copy records each file's mtime from what it set, not from the walk: a source
+    rewritten between the walk and its copy is copied as it then was, and the default
+    check passes on that copy (a record from the walk would fail it)."""
+    from hotcache.provision.hotcopy import copier
+
+    src = make_dataset(tmp_path / "src", n=4)
+    late = src / "cat" / "002.jpg"
+    walked = copier.select
+
+    def select_then_touch(*args, **kwargs):
+        sel = walked(*args, **kwargs)
+        time.sleep(0.01)
+        late.write_bytes(late.read_bytes()[::-1])   # same size, a later mtime
+        return sel
+
+    monkeypatch.setattr(copier, "select", select_then_touch)
+    dest = tmp_path / "ds"
+    copier.copy(src, dest, copier.CopyOptions(space_check=False))
+    assert os.stat(dest / "cat" / "002.jpg").st_mtime_ns == os.stat(late).st_mtime_ns
+    rc, report = hotcache_json("verify", dest)
+    assert rc == 0 and report["mtimes_checked"], report
