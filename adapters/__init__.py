@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .dataroot import DataRoot, HotCopy, data_root
+from .retry import read_bytes
 from .timing import BatchTimer, Summary, timed, verdict
 
 if TYPE_CHECKING:     # a type checker sees their signatures; Python loads them on first use
@@ -26,7 +27,8 @@ _LAZY = {
     "make_dataset": "tfdata", "DataWaitCallback": "tfdata", "DataWaitMonitor": "lightning",
 }
 
-__all__ = ["DataRoot", "HotCopy", "data_root", "BatchTimer", "Summary", "timed", "verdict",
+__all__ = ["DataRoot", "HotCopy", "data_root", "read_bytes", "BatchTimer", "Summary", "timed",
+           "verdict",
            "make_loader", "ImageFolderDataset", "make_dataset", "DataWaitCallback", "DataWaitMonitor"]
 
 

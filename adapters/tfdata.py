@@ -26,6 +26,7 @@ from . import tfcache
 from .dataroot import data_root, hot_copy_at
 from .errors import DataRootError
 from .imagefolder import KERAS, list_image_folder
+from .retry import read_bytes, retry_seconds
 from .tfdecode import decode_named
 from .tiered import list_tiered
 from .timing import ENV_LOG, Summary, emit, publish_sinks, summarize
@@ -254,10 +255,29 @@ def _images(listing: _Listing, prepare, *, shuffle: bool, seed,
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
 
     def load(path, label, *hot):
-        sample = prepare(tf.io.read_file(path), tf.cast(label, tf.int64), path)
+        sample = prepare(read_file(path), tf.cast(label, tf.int64), path)
         return (sample, *hot) if hot else sample
 
     return ds.map(load, num_parallel_calls=AUTOTUNE, deterministic=deterministic), files
+
+
+def _read_retrying(path: bytes) -> np.ndarray:
+    # An object array: numpy's bytes type would drop the file's trailing NUL bytes.
+    return np.array(read_bytes(os.fsdecode(path)), dtype=object)
+
+
+def read_file(path: tf.Tensor) -> tf.Tensor:
+    """The file's bytes, as tf.io.read_file reads them, but each EIO retried for a
+    bounded time (retry.py): a cache failing over to its origin costs a slow batch, not
+    the run. The read runs in Python (the GIL is released while it waits on the disk);
+    with HOTCACHE_EIO_RETRY_S=0 it is TensorFlow's own read_file. A read that fails for
+    good ends the iteration with tf.errors.UnknownError, whose message is the OSError's,
+    naming the file."""
+    if not retry_seconds():
+        return tf.io.read_file(path)
+    data = tf.numpy_function(_read_retrying, [path], tf.string, stateful=False)
+    data.set_shape([])
+    return data
 
 
 def _cache_folder(cache_dir: str | os.PathLike, root: Path, settings: dict) -> Path:

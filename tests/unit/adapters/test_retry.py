@@ -116,3 +116,51 @@ def test_the_torch_dataset_reads_bytes_through_the_retry(tmp_path, flaky_open):
         with builtins.open(ds.paths[i], "rb") as f:
             assert hashlib.sha256(data).digest() == hashlib.sha256(f.read()).digest()
         assert flaky_open[ds.paths[i]] == 3
+
+
+def test_the_tf_dataset_reads_bytes_through_the_retry(tmp_path, flaky_open, monkeypatch):
+    """make_dataset's reads ride out EIO too, and hand TensorFlow every byte (a file
+    ending in NUL bytes included); with the retries off it reads as TensorFlow does."""
+    pytest.importorskip("tensorflow")
+    from hotcache.adapters.tfdata import make_dataset
+
+    make_jpegs(tmp_path, per_class=2)
+    padded = tmp_path / "cat" / "zz.jpg"
+    padded.write_bytes(b"\xff\xd8data\x00\x00\x00")
+
+    def read_all() -> dict[str, bytes]:
+        ds = make_dataset(tmp_path, decode=False, shuffle=False, batch_size=1)
+        return {path: data.numpy() for path, (data, _label) in zip(ds.file_paths, ds.unbatch())}
+
+    got = read_all()
+    assert str(padded) in got
+    for path, data in got.items():
+        with builtins.open(path, "rb") as f:
+            assert data == f.read(), path
+        assert flaky_open[path] == 3, path
+    monkeypatch.setenv(retry.ENV, "0")
+    assert read_all() == got
+    assert all(n == 3 for n in flaky_open.values())     # TensorFlow read them itself
+
+
+def test_a_tf_read_that_keeps_failing_names_the_file(tmp_path, monkeypatch):
+    tf = pytest.importorskip("tensorflow")
+    from hotcache.adapters.tfdata import make_dataset
+
+    make_jpegs(tmp_path, per_class=1)
+    monkeypatch.setenv(retry.ENV, "0.2")
+
+    def broken(path, *args, **kwargs):
+        raise OSError(errno.EIO, "simulated", str(path))
+    monkeypatch.setattr(retry, "open", broken, raising=False)
+    ds = make_dataset(tmp_path, decode=False, shuffle=False, batch_size=1)
+    with pytest.raises(tf.errors.UnknownError) as err:
+        next(iter(ds))
+    assert ds.file_paths[0] in str(err.value) and "still failing after" in str(err.value)
+
+
+def test_a_loader_of_ones_own_reads_through_the_package(tmp_path, flaky_open):
+    from hotcache.adapters import read_bytes
+
+    (tmp_path / "f").write_bytes(b"data\x00")
+    assert read_bytes(tmp_path / "f") == b"data\x00" and flaky_open[str(tmp_path / "f")] == 3
