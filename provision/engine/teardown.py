@@ -17,27 +17,26 @@ from collections.abc import Callable
 
 from hotcache.provision import mapping
 from hotcache.provision.backends import BACKENDS, block_cache
+from hotcache.provision.backends.base import Backend
 from hotcache.provision.backends.parts import recorded
 from hotcache.provision.block import blockdev
 from hotcache.provision.block import busy
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
-from hotcache.provision.engine import images, reattach
+from hotcache.provision.engine import images, onorigin, reattach
 from hotcache.provision.engine.bootunit import remove_unit
 from hotcache.provision.engine.apply import Env, Planner
+from hotcache.provision.engine.status import cache_failure
 from hotcache.provision.errors import RefusedError, UsageError
 from hotcache.provision.plan import Plan
 from hotcache.provision.records import CacheEntry
+from hotcache.provision.system.sizes import parse_size
 
 
 def _refuse_if_failed(name: str, entry, env: Env, seen: dict) -> None:
     """A cache whose SSD failed cannot be flushed through it: its plain teardown (the
     command an admin tries first) and the restore it would otherwise point at both fail
     on the dead SSD. Say the command that works, with the loss to accept if any."""
-    from hotcache.provision.engine.status import cache_failure
-
-    from hotcache.provision.engine import onorigin
-
     failed = onorigin.failure(entry) or cache_failure(entry, env.host, seen)
     if failed is None:
         return
@@ -59,17 +58,8 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
     if entry is None and name in reattach.detached(data):
         return _plan_detached(name, env, forget=forget)
     if entry is None:
-        known = ", ".join(data["caches"]) or "none"
-        raise UsageError(f"no cache named {name!r} in the mapping {env.state} (known: {known})",
-                         hint="`hotcache status` lists the caches hotcache built")
-    if wipe and forget:
-        raise UsageError("--forget touches no device, so it cannot --wipe",
-                         hint=f"`hotcache teardown {name} --forget` alone")
-    if wipe and name in reattach.detached(data):
-        raise RefusedError(f"{name}'s origin holds the filesystem kept when its failed SSD "
-                           "was taken off (the new SSD's apply did not finish); --wipe would "
-                           "erase it; nothing was changed",
-                           hint=f"`hotcache teardown {name}` without --wipe keeps it")
+        raise _unknown(name, data, env)
+    _refuse_flags(name, wipe=wipe, forget=forget, detached=name in reattach.detached(data))
     backend = get_backend(entry.backend, env.host)
     seen = {role: recorded.current_node(entry, role, env.host) for role in entry.devices}
     why = backend.live(entry, seen)
@@ -81,6 +71,37 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
                              hint=f"`hotcache teardown {name} --cache-failed` alone")
         return _plan_failed(name, entry, env, seen, accept_loss)
     _refuse_if_failed(name, entry, env, seen)
+    _refuse_if_not_live(name, why)
+    # Every device is proven to be the recorded one before anything is touched.
+    nodes = {role: recorded.require(entry, role, env.host, cache=name).node
+             for role in entry.devices}
+    return _plan_live(name, entry, env, backend, nodes, wipe=wipe, remove_images=remove_images)
+
+
+def _unknown(name: str, data: dict, env: Env) -> UsageError:
+    """The error for a name the mapping does not hold, listing the names it does."""
+    known = ", ".join(data["caches"]) or "none"
+    return UsageError(f"no cache named {name!r} in the mapping {env.state} (known: {known})",
+                      hint="`hotcache status` lists the caches hotcache built")
+
+
+def _refuse_flags(name: str, *, wipe: bool, forget: bool, detached: bool) -> None:
+    """--wipe is refused where it would erase what the teardown means to leave: with
+    --forget (which touches no device), and on an origin kept, filesystem and all, when
+    its failed SSD was taken off (`detached`)."""
+    if wipe and forget:
+        raise UsageError("--forget touches no device, so it cannot --wipe",
+                         hint=f"`hotcache teardown {name} --forget` alone")
+    if wipe and detached:
+        raise RefusedError(f"{name}'s origin holds the filesystem kept when its failed SSD "
+                           "was taken off (the new SSD's apply did not finish); --wipe would "
+                           "erase it; nothing was changed",
+                           hint=f"`hotcache teardown {name}` without --wipe keeps it")
+
+
+def _refuse_if_not_live(name: str, why: str | None) -> None:
+    """A cache that is not live cannot be flushed: `why` (the backend's answer) is the
+    reason, and its teardown is refused rather than losing what the cache holds."""
     if why:
         raise RefusedError(
             f"{name} is not live: {why}. Its teardown would skip the flush and lose what "
@@ -88,20 +109,18 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
             "was changed",
             hint=f"`hotcache restore {name}`, then `hotcache teardown {name}`. If its devices "
                  f"are gone for good, `hotcache teardown {name} --forget` removes the entry")
-    # Every device is proven to be the recorded one before anything is touched.
-    nodes = {role: recorded.require(entry, role, env.host, cache=name).node
-             for role in entry.devices}
+
+
+def _plan_live(name: str, entry: CacheEntry, env: Env, backend: Backend,
+               nodes: dict[str, str | None], *, wipe: bool, remove_images: bool) -> Plan:
+    """The teardown of a live cache whose devices are proven: unmount, flush and
+    dismantle, boot entries, devices and images, the mapping entry."""
     plan = Plan()
     p = Planner(env, name, plan)
     mp = entry.filesystem.mountpoint
     mounted = blockdev.mount_at(env.host, mp) if mp else None
     if mounted:
-        held = busy.other_namespaces_holding(mounted.source_dev)
-        if held:
-            plan.notes.append(
-                f"{mp} is also mounted in other mount namespaces (containers, sandboxes), "
-                f"by {', '.join(held[:5])}: its device stays in use (a loop device stays "
-                "attached) until they exit")
+        plan.notes += _shared_mount_notes(mp, busy.other_namespaces_holding(mounted.source_dev))
         _refuse_if_busy(name, mp)
         p.command(f"flush and unmount {mp}", ["umount", mp])
     # The backend flushes first: if that fails, the fstab entry, the unit, the cache set
@@ -111,28 +130,58 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
         remove_unit(p, name)
     _remove_fstab_entry(p, name, entry)
     kept = []
-    for role, info in entry.devices.items():
-        node = nodes[role]
-        image = info.loop_file
-        kept_why = backend.kept_on_wipe(entry, role, node) if wipe and node is not None \
-            else None
-        if kept_why:
-            plan.notes.append(kept_why)
-        elif node is not None and wipe:
-            p.command(f"erase signatures on the {role} device {node} (--wipe; found by its "
-                  "identity)",
-                  ["wipefs", "--all", node], destructive=True)
-        if node is not None and image:
-            p.command(f"detach loop device {node} (image {image})", ["losetup", "--detach", node])
-        if image and remove_images and os.path.exists(image):
-            p.command(f"delete the image file {image} (--remove-images)", ["rm", "--", image],
-                  destructive=True)
-        elif image and os.path.exists(image):
+    for role in entry.devices:
+        image = _release_device(p, plan, backend, entry, role, nodes[role], wipe=wipe,
+                                remove_images=remove_images)
+        if image is not None:
             kept.append((role, image))
     for _role, image in kept:
         plan.notes.append(_kept_note(name, entry, image, wiped=wipe))
     _forget(p, name, env, entry, kept)
     return plan
+
+
+def _shared_mount_notes(mp: str, held: list[str]) -> list[str]:
+    """What to say when other mount namespaces hold the mount (`held`: who): the device
+    stays in use after the unmount here, until they exit."""
+    if not held:
+        return []
+    return [f"{mp} is also mounted in other mount namespaces (containers, sandboxes), "
+            f"by {', '.join(held[:5])}: its device stays in use (a loop device stays "
+            "attached) until they exit"]
+
+
+def _release_device(p: Planner, plan: Plan, backend: Backend, entry: CacheEntry, role: str,
+                    node: str | None, *, wipe: bool, remove_images: bool) -> str | None:
+    """Queue what becomes of one device once the cache is dismantled (its signatures
+    erased on --wipe, its loop device detached, its image deleted); returns the image
+    it keeps, if any."""
+    image = entry.devices[role].loop_file
+    kept_why = backend.kept_on_wipe(entry, role, node) if wipe and node is not None \
+        else None
+    if kept_why:
+        plan.notes.append(kept_why)
+    elif node is not None and wipe:
+        p.command(f"erase signatures on the {role} device {node} (--wipe; found by its "
+                  "identity)",
+                  ["wipefs", "--all", node], destructive=True)
+    if node is not None and image:
+        p.command(f"detach loop device {node} (image {image})", ["losetup", "--detach", node])
+    fate = _image_fate(image, remove_images=remove_images,
+                       exists=image is not None and os.path.exists(image))
+    if fate == "delete":
+        p.command(f"delete the image file {image} (--remove-images)", ["rm", "--", image],
+                  destructive=True)
+    return image if fate == "keep" else None
+
+
+def _image_fate(image: str | None, *, remove_images: bool, exists: bool) -> str | None:
+    """What teardown does with a device's loop image: "delete" it (--remove-images),
+    "keep" it (then the mapping goes on knowing it as hotcache's), or nothing (None: no
+    image, or none there any more)."""
+    if not image or not exists:
+        return None
+    return "delete" if remove_images else "keep"
 
 
 def _refuse_if_busy(name: str, mp: str) -> None:
@@ -149,11 +198,6 @@ def _plan_failed(name: str, entry: CacheEntry, env: Env, seen: dict,
                  accept_loss: str | None) -> Plan:
     """Take apart a cache whose SSD failed, without it: unmount, let the backend drop
     the cache layer, leave the origin with its filesystem, forget the cache."""
-    from hotcache.provision.engine.status import cache_failure
-    from hotcache.provision.system.sizes import parse_size
-
-    from hotcache.provision.engine import onorigin
-
     failed = onorigin.failure(entry) or cache_failure(entry, env.host, seen)
     if failed is None:
         raise RefusedError(
