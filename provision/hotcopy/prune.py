@@ -39,9 +39,14 @@ import os
 import stat
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
+from collections.abc import Callable
 from pathlib import Path
 
+from hotcache.provision import mapping
+from hotcache.provision.block.busy import users_of
 from hotcache.provision.errors import UsageError
+from hotcache.provision.hotcopy.catalog import drop_aside, record_aside
 from hotcache.provision.hotcopy.format import METADATA, STAGING_SUFFIX, metadata_at
 from hotcache.provision.hotcopy.staging import made_here
 from hotcache.provision.system import beneath
@@ -145,6 +150,9 @@ def _version_key(meta: dict):
     return (str(meta.get("copied_at") or ""), int(v) if v.isdigit() else -1, v)
 
 
+_Versions = dict[str, list[tuple[dict, Path, os.stat_result]]]
+
+
 def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[Path],
          keep_keys: set[str] | None, older_than_days: float | None,
          now: float | None = None,
@@ -156,82 +164,157 @@ def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[
     if keep < 1:
         raise UsageError(f"--keep {keep}: keep at least 1 version of each copy")
     now = time.time() if now is None else now
-    found: list[Candidate] = []
-    seen: set = set()
-    copies: dict[str, list[tuple[dict, Path, os.stat_result]]] = {}
-
-    def add(kind: str, path: Path, why: str, kept: str | None = None,
-            st: os.stat_result | None = None) -> None:
-        # `st`: the inode the decision was made about, so that the candidate is that one
-        st = st or os.lstat(path)
-        found.append(Candidate(kind, str(path), tree_bytes(path, seen), why, st.st_dev,
-                               st.st_ino, kept=kept))
-
+    found = _Found()
+    copies: _Versions = {}
     me = os.geteuid()
     for root in roots:
         for folder in _children(root):
-            name = folder.name
             try:
                 st = os.lstat(folder)
             except OSError:
                 continue
-            mine = st.st_uid == me
-            moved = (recorded or {}).get((st.st_dev, st.st_ino), str(folder)) != str(folder)
-            if moved:
-                continue            # a recorded copy someone renamed: never a leftover
-            if not mine:
-                # In a group-writable folder anyone can give their own (or another
-                # member's) folder a hotcache name, or plant a "newer version": only
-                # what this account owns is ever a candidate.
-                continue
-            if name.endswith(STAGING_SUFFIX):
-                idle = (now - _newest_mtime(folder)) / 3600
-                if idle < staging_hours or not _unlocked(folder):
-                    continue
-                if made_here(folder, st):
-                    add("staging", folder, f"an interrupted copy, untouched for {idle:.0f} h "
-                                           "and not locked by a running copy", st=st)
-                else:
-                    add("staging", folder, "named like an interrupted copy",
-                        kept="not hotcache's (no header naming this place as its DEST)")
-            elif name.endswith((OLD_SUFFIX, PRUNING_SUFFIX)):
-                # The name proves nothing (anyone who can write here can give a folder
-                # it, and root's own folders can be renamed to it): only the folder
-                # hotcache recorded at this path before renaming it aside is deleted.
-                if (asides or {}).get(str(folder)) == (st.st_dev, st.st_ino, st.st_uid):
-                    add("refresh-leftover", folder,
-                        "the old tree a refresh or prune left behind", st=st)
-                else:
-                    add("refresh-leftover", folder, "named like a refresh leftover",
-                        kept="not hotcache's (not recorded)")
-            elif (meta := _metadata_of(folder, st)) is not None:
-                copies.setdefault(str(meta.get("name")), []).append((meta, folder, st))
-    for name, versions in sorted(copies.items()):
-        versions.sort(key=lambda mv: _version_key(mv[0]), reverse=True)
-        for i, (meta, folder, st) in enumerate(versions):
-            if i >= keep:
-                add("old-version", folder, f"{name} version {meta.get('version')}: "
-                                           f"{i} newer version(s) kept (--keep {keep})", st=st)
-            elif _source_gone(meta.get("source")):
-                add("source-gone", folder, f"its source {meta.get('source')} is gone", st=st)
+            if _considered(folder, st, me, recorded or {}):
+                _judge_folder(found, copies, folder, st, now=now, staging_hours=staging_hours,
+                              asides=asides or {})
+    _judge_copies(found, copies, keep)
     for cache_dir in tf_caches:
-        for folder in sorted(p for p in cache_dir.iterdir()
-                             if p.is_dir() and not p.is_symlink()) if cache_dir.is_dir() else []:
-            if any(folder.glob("cache_*.lockfile")):
-                continue                      # a pipeline is writing it (tfcache.py)
-            if keep_keys is not None and folder.name not in keep_keys:
-                add("tf-cache", folder, "its key is not in the --keep-keys list")
-            elif older_than_days is not None and \
-                    (idle := (now - _newest_mtime(folder)) / 86400) >= older_than_days:
-                add("tf-cache", folder, f"no pipeline used it for {idle:.0f} days")
-    from hotcache.provision.block.busy import users_of
+        _judge_tf_caches(found, cache_dir, keep_keys, older_than_days, now)
+    _mark_busy(found.candidates)
+    return found.candidates
 
+
+class _Found:
+    """The candidates found so far, each with its size (an inode met twice counted once)."""
+
+    def __init__(self) -> None:
+        self.candidates: list[Candidate] = []
+        self._seen: set = set()
+
+    def add(self, kind: str, path: Path, why: str, kept: str | None = None,
+            st: os.stat_result | None = None) -> None:
+        # `st`: the inode the decision was made about, so that the candidate is that one
+        st = st or os.lstat(path)
+        self.candidates.append(Candidate(kind, str(path), tree_bytes(path, self._seen), why,
+                                         st.st_dev, st.st_ino, kept=kept))
+
+
+def _considered(folder: Path, st: os.stat_result, me: int,
+                recorded: dict[tuple[int, int], str]) -> bool:
+    """Whether a listed folder may be a candidate at all: never a recorded copy someone
+    renamed (it is not a leftover), and only what this account owns. In a group-writable
+    folder anyone can give their own (or another member's) folder a hotcache name, or
+    plant a "newer version"."""
+    moved = recorded.get((st.st_dev, st.st_ino), str(folder)) != str(folder)
+    return not moved and st.st_uid == me
+
+
+def _judge_folder(found: _Found, copies: _Versions, folder: Path, st: os.stat_result, *,
+                  now: float, staging_hours: float,
+                  asides: dict[str, tuple[int, int, int]]) -> None:
+    """One folder by its name: an abandoned staging folder or a refresh leftover goes
+    into `found`; a hot copy into `copies`, to be judged among its versions."""
+    name = folder.name
+    if name.endswith(STAGING_SUFFIX):
+        idle = (now - _newest_mtime(folder)) / 3600
+        if idle < staging_hours or not _unlocked(folder):
+            return
+        if made_here(folder, st):
+            found.add("staging", folder, f"an interrupted copy, untouched for {idle:.0f} h "
+                                         "and not locked by a running copy", st=st)
+        else:
+            found.add("staging", folder, "named like an interrupted copy",
+                      kept="not hotcache's (no header naming this place as its DEST)")
+    elif name.endswith((OLD_SUFFIX, PRUNING_SUFFIX)):
+        if _recorded_aside(folder, st, asides):
+            found.add("refresh-leftover", folder,
+                      "the old tree a refresh or prune left behind", st=st)
+        else:
+            found.add("refresh-leftover", folder, "named like a refresh leftover",
+                      kept="not hotcache's (not recorded)")
+    elif (meta := _metadata_of(folder, st)) is not None:
+        copies.setdefault(str(meta.get("name")), []).append((meta, folder, st))
+
+
+def _recorded_aside(folder: Path, st: os.stat_result,
+                    asides: dict[str, tuple[int, int, int]]) -> bool:
+    """Whether a folder with a refresh or prune leftover's name is the one hotcache
+    recorded at this path before renaming it aside. The name proves nothing: anyone who
+    can write here can give a folder it, and root's own folders can be renamed to it."""
+    return asides.get(str(folder)) == (st.st_dev, st.st_ino, st.st_uid)
+
+
+def _judge_copies(found: _Found, copies: _Versions, keep: int) -> None:
+    """Each hot copy's versions, newest first, by _copy_verdict (copies in name order)."""
+    for name, versions in sorted(copies.items()):
+        for rank, (meta, folder, st) in enumerate(_newest_first(versions)):
+            verdict = _copy_verdict(name, rank, meta, keep)
+            if verdict:
+                kind, why = verdict
+                found.add(kind, folder, why, st=st)
+
+
+def _newest_first(versions: list[tuple[dict, Path, os.stat_result]]
+                  ) -> list[tuple[dict, Path, os.stat_result]]:
+    """The versions of one copy, newest first (as _version_key orders them)."""
+    return sorted(versions, key=lambda mv: _version_key(mv[0]), reverse=True)
+
+
+def _copy_verdict(name: str, rank: int, meta: dict, keep: int,
+                  source_gone: Callable[[str | None], bool] | None = None
+                  ) -> tuple[str, str] | None:
+    """(kind, why) when the version at `rank` (0: the newest) of copy `name` goes: beyond
+    the newest `keep`, or its source is gone; None when it stays."""
+    if rank >= keep:
+        return "old-version", (f"{name} version {meta.get('version')}: "
+                               f"{rank} newer version(s) kept (--keep {keep})")
+    if (source_gone or _source_gone)(meta.get("source")):
+        return "source-gone", f"its source {meta.get('source')} is gone"
+    return None
+
+
+def _judge_tf_caches(found: _Found, cache_dir: Path, keep_keys: set[str] | None,
+                     older_than_days: float | None, now: float) -> None:
+    """The key folders of one tf.data cache folder, by _tf_cache_why; a folder a pipeline
+    is writing is never a candidate."""
+    for folder in _tf_cache_folders(cache_dir):
+        if any(folder.glob("cache_*.lockfile")):
+            continue                      # a pipeline is writing it (tfcache.py)
+        stale = _tf_cache_why(folder.name, keep_keys, older_than_days,
+                              partial(_idle_days, folder, now))
+        if stale:
+            found.add("tf-cache", folder, stale)
+
+
+def _tf_cache_folders(cache_dir: Path) -> list[Path]:
+    """The key folders of a tf.data cache folder, in name order (links not followed)."""
+    if not cache_dir.is_dir():
+        return []
+    return sorted(p for p in cache_dir.iterdir() if p.is_dir() and not p.is_symlink())
+
+
+def _tf_cache_why(key: str, keep_keys: set[str] | None, older_than_days: float | None,
+                  idle_days: Callable[[], float]) -> str | None:
+    """Why a tf.data cache folder goes, or None: its key is not one to keep, or no
+    pipeline used it for `older_than_days` (`idle_days` reads that only when asked)."""
+    if keep_keys is not None and key not in keep_keys:
+        return "its key is not in the --keep-keys list"
+    if older_than_days is not None and (idle := idle_days()) >= older_than_days:
+        return f"no pipeline used it for {idle:.0f} days"
+    return None
+
+
+def _idle_days(folder: Path, now: float) -> float:
+    return (now - _newest_mtime(folder)) / 86400
+
+
+def _mark_busy(found: list[Candidate]) -> None:
+    """Name who holds each candidate open (then it is kept); a candidate only reported
+    is never checked."""
     for c in found:
         if c.kept:
             continue
         users = users_of(c.path)
         c.busy = "; ".join(users) if users else None
-    return found
 
 
 def _metadata_of(folder: Path, st: os.stat_result) -> dict | None:
@@ -266,8 +349,6 @@ def remove(c: Candidate, state: Path | None = None) -> None:
     """Delete one listed folder: the same inode that was listed, recorded in the mapping
     at its aside name, renamed aside, removed through directory fds (symlinks inside are
     removed, never followed), and its records dropped."""
-    from hotcache.provision.hotcopy.catalog import drop_aside, record_aside
-
     if c.kept:
         raise UsageError(f"{c.path} is {c.kept}; it is never deleted")
     path = Path(c.path)
@@ -307,8 +388,6 @@ def remove(c: Candidate, state: Path | None = None) -> None:
 
 def recorded_copies(state: Path | None) -> dict[tuple[int, int], str]:
     """(st_dev, st_ino) -> path of each hot copy the mapping records with its inode."""
-    from hotcache.provision import mapping
-
     path = mapping.state_path(state and str(state))
     if not path.exists():
         return {}
@@ -321,8 +400,6 @@ def recorded_copies(state: Path | None) -> dict[tuple[int, int], str]:
 
 
 def roots_from_mapping(state: Path | None) -> list[Path]:
-    from hotcache.provision import mapping
-
     path = mapping.state_path(state and str(state))
     if not path.exists():
         return []
