@@ -58,19 +58,26 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TypedDict
 
-from hotcache.provision.backends import BACKENDS, PLAIN, block_cache
+from hotcache.provision import mapping
+from hotcache.provision.backends import BACKENDS, PLAIN, block_cache, get
+from hotcache.provision.backends.parts import recorded
+from hotcache.provision.backends.parts.dmtable import parse_table
+from hotcache.provision.block.host import Host
 from hotcache.provision.system import beneath
 from hotcache.provision.system import sizes as units
 from hotcache.provision.errors import HotcacheError, UsageError
+from hotcache.provision.hotcopy.catalog import backing_cache
 from hotcache.provision.hotcopy.filecopy import default_jobs
 from hotcache.provision.system.chunks import CHUNK, chunks, thread_buffer
 from hotcache.provision.system.meter import NullMeter
+from hotcache.provision.system.runner import Runner
 
 if TYPE_CHECKING:
     from hotcache.provision.backends.parts.stats import CacheStats
@@ -252,8 +259,6 @@ def read_pass(files: list[tuple[Path, int]], jobs: int, evict: bool,
               meter: NullMeter, root_fd: int) -> tuple[int, list[float]]:
     """Read the files (beneath `root_fd`) in parallel; (bytes, each file's read time in
     `files` order)."""
-    import threading
-
     local = threading.local()
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="hotcache-warm") as pool:
         done = list(pool.map(lambda f: read_file(root_fd, f[0], evict, meter, local), files))
@@ -274,9 +279,6 @@ def slow_files(files: list[tuple[Path, int]], seconds: list[float]) -> list[tupl
 
 
 def backing(path: Path, state: Path | None) -> tuple[str, CacheEntry] | None:
-    from hotcache.provision import mapping
-    from hotcache.provision.hotcopy.catalog import backing_cache
-
     spath = mapping.state_path(state and str(state))
     try:
         return backing_cache(path, mapping.load(spath)) if spath.exists() else None
@@ -285,11 +287,6 @@ def backing(path: Path, state: Path | None) -> tuple[str, CacheEntry] | None:
 
 
 def backend_stats(entry: CacheEntry, runner) -> Callable[[], CacheStats | None]:
-    from hotcache.provision.backends import get
-    from hotcache.provision.backends.parts import recorded
-
-    from hotcache.provision.block.host import Host
-
     host = Host(runner)
     backend = get(entry.backend, host)
 
@@ -425,8 +422,6 @@ def origin_reads(path: Path, runner) -> Callable[[], int | None] | None:
     The origin's own counter says what the caches' statistics may not: bcache folds its
     counters in every few seconds, dm-cache counts bios, and neither counts the reads
     its promotions make."""
-    from hotcache.provision.backends.parts.dmtable import parse_table
-
     dev = os.stat(path).st_dev
     majmin = f"{os.major(dev)}:{os.minor(dev)}"
     try:
@@ -542,8 +537,6 @@ def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None =
             cache, entry = found
             backend = entry.backend
             if block_cache(backend):
-                from hotcache.provision.system.runner import Runner
-
                 runner = runner or Runner()
                 stats = stats or backend_stats(entry, runner)
                 origin = origin or origin_reads(path, runner)
@@ -576,59 +569,96 @@ def _read_ahead(path, root_fd, order, jobs, meter, backend, cache) -> WarmReport
 
 
 def _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache) -> WarmReport:
-    if path.is_dir():
-        files = files_under(root_fd)
-    else:
-        st = os.stat(path.name, dir_fd=root_fd, follow_symlinks=False)
-        files = [(Path(path.name), st.st_size)] if stat.S_ISREG(st.st_mode) else []
-    total = sum(size for _, size in files)
+    files = _listing(path, root_fd)
     facts = BACKENDS.get(backend)
     block = facts is not None and facts.block_cache
     smq = facts is not None and facts.promotes_gradually   # a sweep of windows first
-    limit = max_passes if block else 1
     before = stats()
     reader = Reader(jobs or default_jobs(), block, meter, stats, before, root_fd,
                     origin or (lambda: None))
     swept = sweep(reader, files) if smq and before is not None else []
-    passes: list[PassDoc] = []
-    focused: list[FocusDoc] = []
-    reason = "page cache: one pass"
-    n = 0
-    while True:
-        n += 1
-        if smq and passes and passes[-1]["seconds"] < TICK:
-            time.sleep(TICK - passes[-1]["seconds"])   # smq counts one hit per tick
-        label = f"warm pass {n}/{limit}" if limit > 1 else "warm"
-        if reader.jobs == 1 and block:
-            label += " (one reader, as an epoch reads)"
-        one = reader.read(label, files, note=block)
-        passes.append({"pass": n, "readers": reader.jobs, **one})
-        if not block:
-            break
-        stop = settled(passes)
-        if stop and hit_cache(one) and reader.jobs > 1:
-            # Parallel reads hit, but an epoch reads one file after another, and such a
-            # pass after a parallel warm that hit can still miss (BENCHMARKS.md). So the
-            # last word goes to a pass read the way an epoch reads it (one past
-            # --max-passes if need be).
-            reader.jobs = 1
-            limit = max(limit, n + 1)
-            continue
-        if stop and hit_cache(one) and reader.jobs == 1:
-            stop += " (read by one reader, as an epoch reads)"
-        reason = stop or f"reached --max-passes {max_passes}" + still_missing(one)
-        if stop or n >= limit:
-            break
-        slow = slow_files(files, reader.seconds)
-        if smq and slow and len(slow) < FOCUS_SHARE * len(files):
-            # like a window of the sweep, but only the files that still missed
-            focused.append({"after_pass": n, **reread(
-                reader, slow, f"warm: {len(slow)} slow files after pass {n}", focus_done)})
+    passes, focused, reason = _full_passes(reader, files, block=block, smq=smq,
+                                           max_passes=max_passes)
     last = reader.last
-    return {"path": str(path), "files": len(files), "bytes": total, "cache": cache,
-            "backend": backend, "evicted_before_reading": block,
+    return {"path": str(path), "files": len(files), "bytes": sum(size for _, size in files),
+            "cache": cache, "backend": backend, "evicted_before_reading": block,
             "metadata_reread": block and reader.metadata, "sweep": swept,
             "passes": passes, "focus": focused, "stopped": reason,
             "before": before, "after": last,
             "hit_ratio_before": (before or {}).get("hit_ratio"),
             "hit_ratio_after": last.get("hit_ratio") if last else None}
+
+
+def _listing(path: Path, root_fd: int) -> list[tuple[Path, int]]:
+    """The files to warm: every one under a folder, or the one file given (none when it
+    is not a regular file)."""
+    if path.is_dir():
+        return files_under(root_fd)
+    st = os.stat(path.name, dir_fd=root_fd, follow_symlinks=False)
+    return [(Path(path.name), st.st_size)] if stat.S_ISREG(st.st_mode) else []
+
+
+def _full_passes(reader: Reader, files: list[tuple[Path, int]], *, block: bool, smq: bool,
+                 max_passes: int) -> tuple[list[PassDoc], list[FocusDoc], str]:
+    """Read every file, pass after pass, until _stop_reason says why to stop (one pass
+    for the page cache alone); between two passes under smq, the slow files are re-read
+    on their own. Returns the passes, the focused re-reads and why it stopped."""
+    passes: list[PassDoc] = []
+    focused: list[FocusDoc] = []
+    limit = max_passes if block else 1
+    while True:
+        n = len(passes) + 1
+        if smq and passes and passes[-1]["seconds"] < TICK:
+            time.sleep(TICK - passes[-1]["seconds"])   # smq counts one hit per tick
+        one = reader.read(_pass_label(n, limit, reader.jobs, block), files, note=block)
+        passes.append({"pass": n, "readers": reader.jobs, **one})
+        if not block:
+            return passes, focused, "page cache: one pass"
+        if _epoch_pass_due(passes, reader.jobs):
+            reader.jobs = 1
+            limit = max(limit, n + 1)
+            continue
+        reason = _stop_reason(passes, reader.jobs, limit, max_passes)
+        if reason:
+            return passes, focused, reason
+        slow = slow_files(files, reader.seconds)
+        if _focus_due(smq, slow, files):
+            # like a window of the sweep, but only the files that still missed
+            focused.append({"after_pass": n, **reread(
+                reader, slow, f"warm: {len(slow)} slow files after pass {n}", focus_done)})
+
+
+def _pass_label(n: int, limit: int, jobs: int, block: bool) -> str:
+    """How the meter names pass `n` of at most `limit`."""
+    label = f"warm pass {n}/{limit}" if limit > 1 else "warm"
+    if jobs == 1 and block:
+        label += " (one reader, as an epoch reads)"
+    return label
+
+
+def _epoch_pass_due(passes: list[PassDoc], jobs: int) -> bool:
+    """Whether the last pass, read in parallel, settled with its reads hitting the cache,
+    so that a pass with a single reader comes next. An epoch reads one file after
+    another, and such a pass after a parallel warm that hit can still miss
+    (BENCHMARKS.md): the last word goes to a pass read the way an epoch reads it (one
+    past --max-passes if need be)."""
+    return jobs > 1 and bool(settled(passes)) and bool(hit_cache(passes[-1]))
+
+
+def _stop_reason(passes: list[PassDoc], jobs: int, limit: int, max_passes: int) -> str | None:
+    """Why the full passes end after the last one (settled, or `limit` passes read), or
+    None to read again."""
+    stop = settled(passes)
+    if stop and hit_cache(passes[-1]) and jobs == 1:
+        stop += " (read by one reader, as an epoch reads)"
+    if stop:
+        return stop
+    if len(passes) >= limit:
+        return f"reached --max-passes {max_passes}" + still_missing(passes[-1])
+    return None
+
+
+def _focus_due(smq: bool, slow: list[tuple[Path, int]], files: list[tuple[Path, int]]) -> bool:
+    """Whether the slow files of the last pass are re-read on their own before the next:
+    under smq, when there are some and they are under FOCUS_SHARE of all."""
+    return smq and bool(slow) and len(slow) < FOCUS_SHARE * len(files)
