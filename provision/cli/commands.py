@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
@@ -14,7 +15,8 @@ from hotcache.provision.cli.common import (DryRunOpt, FstabOpt, JsonOpt, StateOp
                                            carry_out, confirm, console, dry_run_report, emit,
                                            holding_state, make_env, need_root, print_table,
                                            refresh_index, run_steps, show_plan)
-from hotcache.provision.errors import ExitCode, HotcacheError
+from hotcache.provision.errors import ExitCode, HotcacheError, UsageError
+from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.sizes import size
 
 if TYPE_CHECKING:
@@ -29,7 +31,7 @@ def devices(
 ):
     """List block devices: size, SSD or HDD, model, serial, by-id links, signatures,
     mountpoints, holders, and whether hotcache may use each one."""
-    from hotcache.provision.observe.discover import backend_report, discover
+    from hotcache.provision.observe.discover import backend_report, discover  # slow to import; loaded only when used
 
     if backends:
         usable = backend_report()
@@ -68,20 +70,18 @@ def plan(
     With --dataset PATH, also say whether that dataset fits each cache's fast tier with
     the 1.2-1.5x margin, without margin, or not at all (then a block cache thrashes: pin
     a subset with `hotcache copy --fit` instead)."""
-    from hotcache.provision.engine.apply import plan_apply
-    from hotcache.provision.engine.spec import load_spec
+    from hotcache.provision.engine.apply import plan_apply  # slow to import; loaded only when used
+    from hotcache.provision.engine.spec import load_spec  # slow to import; loaded only when used
 
     host = load_spec(spec)
     for d in dataset:
         if not d.is_dir():
-            from hotcache.provision.errors import UsageError
-
             raise UsageError(f"--dataset {d}: not a folder", hint="give the dataset's folder")
     need_root("plan")
     result = plan_apply(host, make_env(state, fstab, dry_run=True))
     sizing = []
     if dataset:
-        from hotcache.provision.engine.workingset import plan_advice
+        from hotcache.provision.engine.workingset import plan_advice  # slow to import; loaded only when used
 
         sizing = plan_advice(host, [d.resolve() for d in dataset])
         result.notes += [f"sizing: {a['message']}" for a in sizing]
@@ -99,8 +99,8 @@ def apply(
     interrupted apply finishes when run again. Devices with existing signatures are
     refused unless the spec says `wipe: true` for them. --dry-run shows the plan (as
     `hotcache plan SPEC` does) and changes nothing."""
-    from hotcache.provision.engine.apply import plan_apply
-    from hotcache.provision.engine.spec import load_spec
+    from hotcache.provision.engine.apply import plan_apply  # slow to import; loaded only when used
+    from hotcache.provision.engine.spec import load_spec  # slow to import; loaded only when used
 
     host = load_spec(spec)
     need_root("apply")
@@ -136,107 +136,130 @@ def status(
 ):
     """Compare the mapping with the host: device present, mounted, noatime, filesystem
     UUID, space used, cache statistics. Exits 5 when anything has drifted."""
-    from hotcache.provision.mapping import load, state_path
-    from hotcache.provision.system.runner import Runner
-    from hotcache.provision.engine.status import host_status
+    from hotcache.provision.mapping import load, state_path  # slow to import; loaded only when used
 
     path = state_path(state and str(state))
-    if name is not None and node_labels is not None:
-        from hotcache.provision.errors import UsageError
-
-        raise UsageError(f"--node-labels describes the whole host, not only cache {name!r}",
-                         hint="run `hotcache status --node-labels FILE` without a cache name")
-    if name is not None and slurm_push:
-        from hotcache.provision.errors import UsageError
-
-        raise UsageError(f"--slurm-push describes the whole host, not only cache {name!r}",
-                         hint="run `hotcache status --slurm-push` without a cache name")
+    _refuse_whole_host_options(name, node_labels=node_labels, slurm_push=slurm_push)
     if os.geteuid() != 0:
         if prometheus is not None or node_labels is not None or slurm_push:
             need_root("status --prometheus/--node-labels/--slurm-push",
                       "writes what root proved for the node")
         return _records_status(path, name, as_json)
-    from hotcache.provision.engine.reattach import waiting as waiting_for_ssd
+    from hotcache.provision.engine.reattach import waiting as waiting_for_ssd  # slow to import; loaded only when used
 
     data = load(path)       # parsed once: every step below reads this one
     waiting = [w for w in waiting_for_ssd(data) if name is None or w["name"] == name]
     if name is not None and name not in data["caches"] and not waiting:
-        from hotcache.provision.errors import UsageError
-
-        raise UsageError(f"no cache named {name!r} in the mapping {path}",
-                         hint="`hotcache status` without a name lists them all")
-    try:
-        rows = [] if waiting and name is not None else \
-            host_status(path, fstab, Runner(), name, data)
-    except (HotcacheError, OSError):
-        if name is None:    # what jobs read must not outlive what root can still prove
-            from hotcache.provision.observe.verified_index import clear
-
-            clear(path)
-        raise
+        raise _no_such_cache(name, path)
+    rows = [] if waiting and name is not None else _probe(path, fstab, name, data)
     if interval:
         rows = _over_interval(rows, path, fstab, name, interval)
     drift = any(not r["ok"] for r in rows)
-    if name is None:     # root (the metrics timer): what jobs and other accounts read
-        from hotcache.provision.observe.verified_index import write as write_index
-
-        write_index(path, rows, data["caches"])
-    if prometheus is not None:
-        from hotcache.provision.observe.metrics import write_textfile
-
-        write_textfile(prometheus, rows, path, data["caches"])
-        from hotcache.provision.observe.progress import sweep
-
-        sweep(Path(os.path.abspath(prometheus)).parent)
-    if node_labels is not None:
-        from hotcache.provision.observe.nodelabels import write as write_labels
-
-        write_labels(node_labels, rows, path, caches=data["caches"])
-    if slurm_push:
-        from hotcache.provision.observe.slurm import push as push_features
-
-        push_features(rows, data["caches"])
+    _publish(rows, path, data["caches"], whole_host=name is None, prometheus=prometheus,
+             node_labels=node_labels, slurm_push=slurm_push)
     if as_json:
         emit({"state": str(path), "caches": rows, "waiting_for_ssd": waiting,
               "ok": not drift}, "status")
     else:
         c = console()
-        if not rows and not waiting:
-            c.print(f"no caches in {path}; `hotcache apply SPEC` builds one")
-        for w in waiting:
-            c.print(f"[bold]{w['name']}[/] ({w['backend']}): [yellow]no cache[/]: "
-                    f"{w['message']}", soft_wrap=True)
-        for r in rows:
-            mark = "[green]ok[/]" if r["ok"] else "[red]DRIFT[/]"
-            c.print(f"[bold]{r['name']}[/] ({r['backend']}, mode {r['mode']}): {mark}")
-            c.print(f"  device {r['cached_device'] or '-'} mounted on {r['mountpoint']}: "
-                    f"{'yes' if r['mounted'] else 'no'}, noatime: "
-                    f"{'yes' if r['noatime'] else 'no'}")
-            if r["size_bytes"]:
-                c.print(f"  used {size(r['used_bytes'])} of {size(r['size_bytes'])}, "
-                        f"free {size(r['free_bytes'])}")
-            for k, v in (r.get("cache") or {}).items():
-                c.print(f"  {k}: {v}")
-            ws = r["working_set"]
-            for label, v in (("sizing", ws["sizing"]), ("working set", ws["activity"])):
-                if v:
-                    c.print(f"  {label}: {v['message']}", soft_wrap=True)
-            for problem in r["problems"]:
-                c.print(f"  [red]problem[/]: {problem}")
+        for line in _status_lines(rows, waiting, path):
+            c.print(line)
     if drift:
         raise typer.Exit(ExitCode.DRIFT)
 
 
+def _refuse_whole_host_options(name: Optional[str], *, node_labels: Optional[Path],
+                               slurm_push: bool) -> None:
+    """--node-labels and --slurm-push publish what the whole host offers: a status of one
+    cache cannot write them."""
+    if name is not None and node_labels is not None:
+        raise UsageError(f"--node-labels describes the whole host, not only cache {name!r}",
+                         hint="run `hotcache status --node-labels FILE` without a cache name")
+    if name is not None and slurm_push:
+        raise UsageError(f"--slurm-push describes the whole host, not only cache {name!r}",
+                         hint="run `hotcache status --slurm-push` without a cache name")
+
+
+def _no_such_cache(name: str, path: Path) -> UsageError:
+    return UsageError(f"no cache named {name!r} in the mapping {path}",
+                      hint="`hotcache status` without a name lists them all")
+
+
+def _probe(path: Path, fstab: Optional[Path], name: Optional[str], data) -> list[StatusRow]:
+    """Each cache's row, as root proves it on the host. When the probe fails for the
+    whole host, the verified-copies index goes: what jobs read must not outlive what
+    root can still prove."""
+    from hotcache.provision.engine.status import host_status  # slow to import; loaded only when used
+
+    try:
+        return host_status(path, fstab, Runner(), name, data)
+    except (HotcacheError, OSError):
+        if name is None:
+            from hotcache.provision.observe.verified_index import clear  # slow to import; loaded only when used
+
+            clear(path)
+        raise
+
+
+def _publish(rows: list[StatusRow], path: Path, caches, *, whole_host: bool,
+             prometheus: Optional[Path], node_labels: Optional[Path], slurm_push: bool) -> None:
+    """Write what root proved where others read it: the verified-copies index (a status
+    of the whole host: the metrics timer), and the outputs the options name."""
+    if whole_host:     # root (the metrics timer): what jobs and other accounts read
+        from hotcache.provision.observe.verified_index import write as write_index  # slow to import; loaded only when used
+
+        write_index(path, rows, caches)
+    if prometheus is not None:
+        from hotcache.provision.observe.metrics import write_textfile  # slow to import; loaded only when used
+
+        write_textfile(prometheus, rows, path, caches)
+        from hotcache.provision.observe.progress import sweep  # slow to import; loaded only when used
+
+        sweep(Path(os.path.abspath(prometheus)).parent)
+    if node_labels is not None:
+        from hotcache.provision.observe.nodelabels import write as write_labels  # slow to import; loaded only when used
+
+        write_labels(node_labels, rows, path, caches=caches)
+    if slurm_push:
+        from hotcache.provision.observe.slurm import push as push_features  # slow to import; loaded only when used
+
+        push_features(rows, caches)
+
+
+def _status_lines(rows: list[StatusRow], waiting: list, path: Path) -> list[str]:
+    """What status prints (console markup), a line each: the caches waiting for a new
+    SSD, then each cache's verdict, its mount, space, statistics, advice and problems."""
+    lines = []
+    if not rows and not waiting:
+        lines.append(f"no caches in {path}; `hotcache apply SPEC` builds one")
+    for w in waiting:
+        lines.append(f"[bold]{w['name']}[/] ({w['backend']}): [yellow]no cache[/]: "
+                     f"{w['message']}")
+    for r in rows:
+        mark = "[green]ok[/]" if r["ok"] else "[red]DRIFT[/]"
+        lines.append(f"[bold]{r['name']}[/] ({r['backend']}, mode {r['mode']}): {mark}")
+        lines.append(f"  device {r['cached_device'] or '-'} mounted on {r['mountpoint']}: "
+                     f"{'yes' if r['mounted'] else 'no'}, noatime: "
+                     f"{'yes' if r['noatime'] else 'no'}")
+        if r["size_bytes"]:
+            lines.append(f"  used {size(r['used_bytes'])} of {size(r['size_bytes'])}, "
+                         f"free {size(r['free_bytes'])}")
+        lines += [f"  {k}: {v}" for k, v in (r.get("cache") or {}).items()]
+        ws = r["working_set"]
+        lines += [f"  {label}: {v['message']}"
+                  for label, v in (("sizing", ws["sizing"]), ("working set", ws["activity"]))
+                  if v]
+        lines += [f"  [red]problem[/]: {problem}" for problem in r["problems"]]
+    return lines
+
+
 def _records_status(path: Path, name: Optional[str], as_json: bool) -> None:
     """`status` for an account that is not root: the records' view, never a probe."""
-    from hotcache.provision.mapping import load
-    from hotcache.provision.observe.records_view import view
+    from hotcache.provision.mapping import load  # slow to import; loaded only when used
+    from hotcache.provision.observe.records_view import view  # slow to import; loaded only when used
 
     if name is not None and name not in load(path)["caches"]:
-        from hotcache.provision.errors import UsageError
-
-        raise UsageError(f"no cache named {name!r} in the mapping {path}",
-                         hint="`hotcache status` without a name lists them all")
+        raise _no_such_cache(name, path)
     doc = view(path, name)
     if as_json:
         return emit(doc, "status")
@@ -261,11 +284,8 @@ def _records_status(path: Path, name: Optional[str], as_json: bool) -> None:
 def _over_interval(rows: list[StatusRow], path, fstab, name,
                    seconds: float) -> list[StatusRow]:
     """Read the statistics again after `seconds`; churn is judged on the difference."""
-    import time
-
-    from hotcache.provision.engine.status import host_status, working_set
-    from hotcache.provision.mapping import load
-    from hotcache.provision.system.runner import Runner
+    from hotcache.provision.engine.status import host_status, working_set  # slow to import; loaded only when used
+    from hotcache.provision.mapping import load  # slow to import; loaded only when used
 
     time.sleep(seconds)
     before = {r["name"]: r.get("cache") for r in rows}
@@ -312,7 +332,7 @@ def teardown(
     A loop-backed cache's image files are kept (the plan says so) and stay known as
     hotcache's, so applying the same spec again mounts them again; --remove-images
     deletes them."""
-    from hotcache.provision.engine.teardown import plan_teardown
+    from hotcache.provision.engine.teardown import plan_teardown  # slow to import; loaded only when used
 
     need_root("teardown")
     env = make_env(state, fstab, dry_run=dry_run)
@@ -334,7 +354,7 @@ def teardown(
 
 def schema():
     """Print the JSON Schema of the host spec (for editors and CI validation)."""
-    from hotcache.provision.engine.spec import json_schema
+    from hotcache.provision.engine.spec import json_schema  # slow to import; loaded only when used
 
     emit(json_schema(), None)
 
