@@ -115,7 +115,10 @@ def _alone(wait: float = 5.0) -> bool:
     the copy keeps to threads."""
     deadline = time.monotonic() + wait
     for thread in threading.enumerate():
-        if thread is not threading.current_thread():
+        # A thread Python did not start (one of TensorFlow's, calling back into Python)
+        # is a "dummy" one, which cannot be joined; it still counts below.
+        if thread is not threading.current_thread() and \
+                not isinstance(thread, threading._DummyThread):
             thread.join(max(0.0, deadline - time.monotonic()))
     return threading.active_count() == 1
 

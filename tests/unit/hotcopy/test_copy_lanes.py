@@ -322,6 +322,30 @@ def test_a_copy_beside_other_threads_keeps_to_threads(env, tmp_path, monkeypatch
     assert tree(dest) == tree(src)
 
 
+def test_a_thread_python_did_not_start_keeps_the_copy_to_threads(env, tmp_path, monkeypatch):
+    """A thread started outside Python that called into it (TensorFlow's, a C library's)
+    shows as a dummy thread, which cannot be joined: the copy still runs, in threads."""
+    import _thread
+
+    src, dest = env
+    monkeypatch.setattr(lanes, "_alone", lambda wait=5.0: real_alone(0.0))
+    seen, stop = threading.Event(), threading.Event()
+
+    def foreign() -> None:
+        threading.current_thread()      # registers it as a dummy thread
+        seen.set()
+        stop.wait()
+    _thread.start_new_thread(foreign, ())
+    seen.wait(10)
+    pid_log(monkeypatch, tmp_path / "pids")
+    try:
+        copier.copy(src, dest, copier.CopyOptions())
+    finally:
+        stop.set()
+    assert set(copied_by(tmp_path / "pids").values()) == {os.getpid()}
+    assert tree(dest) == tree(src)
+
+
 def test_a_fork_that_fails_leaves_no_worker_and_the_copy_to_threads(env, tmp_path,
                                                                      monkeypatch):
     src, dest = env
