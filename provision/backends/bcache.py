@@ -23,6 +23,7 @@ from hotcache.provision.system.waits import flush_timeout, wait_until
 from hotcache.provision.backends.parts import state
 from hotcache.provision.backends.base import Backend, Failure, Nodes, Signature, present_origin
 from hotcache.provision.backends.parts.stats import CacheStats
+from hotcache.provision.block import blockdev, busy
 from hotcache.provision.block.host import Host
 
 if TYPE_CHECKING:
@@ -114,6 +115,10 @@ class Bcache(Backend):
         h = self.host
         live = bdev_uuid is not None and isinstance(origin.node, str) \
             and sb.is_registered(h, origin.node) and h.is_dir(sb.set_dir(cset))
+        stopped = stopping_node(h, bdev_uuid, origin.node) \
+            if bdev_uuid is not None and isinstance(origin.node, str) else None
+        if stopped is not None:
+            self._release_stopped(p, stopped)
         if not live:
             p.do(f"register {cache.ref.label} and {origin.ref.label} with the kernel "
                  "(udev may have done it already)",
@@ -123,8 +128,11 @@ class Bcache(Backend):
                 or sb.attached_set(h, origin.node) != cset:
             p.do(f"attach the backing device to cache set {cset}",
                  lambda ctx: attach(h, ctx.resolve(origin.node), cset))
-        if bdev_uuid is not None:
-            target: str | Ref = f"{sb.BY_UUID}/{bdev_uuid}"
+        if stopped is not None:
+            # Its link names the stopped node until udev makes it again for the new one.
+            target: str | Ref = Ref(f"bcache-node:{spec.name}", f"{sb.BY_UUID}/{bdev_uuid}")
+        elif bdev_uuid is not None:
+            target = f"{sb.BY_UUID}/{bdev_uuid}"
         else:
             target = Ref(f"bcache-node:{spec.name}", "/dev/bcache/by-uuid/<new backing UUID>")
         if not live or not h.exists(str(target)):
@@ -144,6 +152,32 @@ class Bcache(Backend):
                   ["wipefs", "--all", target], destructive=True)
         self._plan_tunables(p, spec, origin.node, cset, live)
         return target
+
+    def _release_stopped(self, p: Planner, node: str) -> None:
+        """The kernel stopped this cache's bcache device (too many I/O errors on the
+        origin: bch_cached_dev_error) and unregistered the backing device. Its dirty data
+        waits in the cache set, and registering the backing device again brings it back,
+        but only once the stopped device is gone: the kernel keeps its node, which cannot
+        be opened, while anything holds it (a mount of the dead filesystem) or its
+        writeback waits on the origin. So: unmount such a mount (nothing can be read or
+        written through it; refused while processes use it), then wait for the node to
+        go."""
+        h = self.host
+        for mp in blockdev.mountpoints_of(h, node):
+            users = busy.users_of(mp)
+            if users:
+                p.refuse(f"{p.cache}: {mp} is mounted from {node}, which the kernel stopped "
+                         "after I/O errors on the origin (nothing can be read or written "
+                         "through it), and it must be unmounted before the cache comes "
+                         "back; it is in use:\n" + "\n".join(f"  {u}" for u in users)
+                         + "\nstop those processes and run the command again")
+                continue
+            p.command(f"unmount {mp}: the kernel stopped its device {node} after I/O errors "
+                      "on the origin, so nothing can be read or written through it",
+                      ["umount", mp])
+            p.released.add(mp)
+        p.do(f"wait for the kernel to let go of the stopped device {node} (the cache set "
+             "keeps its dirty data)", lambda ctx: wait_stopped(h, node))
 
     def _plan_tunables(self, p: Planner, spec: CacheSpec, node: str | Ref, cset: str,
                        live: bool) -> None:
@@ -167,7 +201,11 @@ class Bcache(Backend):
         if node is None:
             return "its origin (the bcache backing device) is not present"
         if not sb.is_registered(h, node):
-            return f"the bcache backing device {node} is not registered with the kernel"
+            bdev_uuid = state.of(entry, BcacheState).backing_uuid
+            stopped = stopping_node(h, bdev_uuid, node) if bdev_uuid else None
+            return f"the bcache backing device {node} is not registered with the kernel" + (
+                f" (the kernel stopped {stopped} after I/O errors on it: see `dmesg`; the "
+                "cache set keeps the dirty data)" if stopped else "")
         attached = sb.attached_set(h, node)
         state_now = h.read(f"{sb.bdev_dir(h, node)}/state")
         if attached is None and state_now != "no cache":
@@ -332,6 +370,24 @@ def wait_for_link(host: Host, bdev_uuid: str) -> str:
         return host.exists(link), "link missing"
     wait_until(f"udev to create {link}", there, timeout=REGISTER_TIMEOUT, interval=1.0)
     return link
+
+
+def stopping_node(host: Host, bdev_uuid: str, origin_node: str) -> str | None:
+    """The node of this backing device's bcache device while the kernel is stopping it:
+    its by-uuid link still names a device, but the backing device is no longer
+    registered (a running bcache device always has its backing device registered)."""
+    link = f"{sb.BY_UUID}/{bdev_uuid}"
+    if sb.is_registered(host, origin_node) or not host.exists(link):
+        return None
+    return host.realpath(link)
+
+
+def wait_stopped(host: Host, node: str) -> None:
+    wait_until(f"the kernel to let go of the stopped bcache device {node}",
+               lambda: (not host.exists(node), "still there"), timeout=REGISTER_TIMEOUT,
+               hint="the kernel lets go of it once its writeback stops, which waits on "
+                    "the origin's I/O: check that the origin answers again (`dmesg`), then "
+                    "run the command again; the cache set keeps the dirty data meanwhile")
 
 
 def detach(host: Host, origin_node: str, **wait: Any) -> None:

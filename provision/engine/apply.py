@@ -89,6 +89,9 @@ class Planner:
         # Devices of a cache the mapping records as built, proven its own (backend.owns):
         # they hold its data, so nothing destructive is ever queued on them.
         self.own_devices: set[str] = set()
+        # Mountpoints a step of the backend's unmounts (a dead mount of a device the
+        # kernel stopped): the mount is planned as if nothing were mounted there.
+        self.released: set[str] = set()
 
     def command(self, summary: str, argv: list, *, capture: str | None = None,
             destructive: bool = False, devices: tuple[str, ...] = (),
@@ -598,6 +601,7 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target,
     mp = os.path.normpath(spec.filesystem.mountpoint)
     opts = mount_options(spec)
     host = p.env.host
+    unmounted = unmounted or host.realpath(mp) in {host.realpath(m) for m in p.released}
     old_mp = entry.filesystem.mountpoint if entry else None
     if entry and old_mp and old_mp != mp and blockdev.mount_at(host, old_mp):
         p.command(f"unmount {old_mp} (the spec moved {spec.name} to {mp})", ["umount", old_mp])

@@ -109,11 +109,55 @@ def fail(dm: str, table: str) -> None:
     sh("dmsetup", "resume", dm)
 
 
+def origin_fails_under_the_mount(name: str, dm: str, sectors: int, linear: str) -> None:
+    """A writeback bcache, mounted and holding dirty data, whose origin fails: a read the
+    cache cannot serve meets the error and the kernel stops the bcache device under the
+    mounted filesystem (at once here; by default after 64 errors). Once the origin is
+    back, following hotcache's messages brings the cache back: teardown names the stopped
+    device and points at restore, which unmounts the dead mount, waits for the kernel to
+    let go of the device and registers the backing device again (the dirty data is
+    still in the cache set)."""
+    from hotcache.provision.backends.parts import bcache_sysfs as sb
+    from hotcache.provision.block.host import Host
+
+    host = Host()
+    origin = f"/dev/mapper/{dm}"
+    host.write(f"{sb.bdev_dir(host, origin)}/io_error_limit", "1")
+    device = os.path.realpath(yaml.safe_load((PERSIST / "mappings.yaml").read_text())[
+        "caches"][name]["cached_device"])
+    fail(dm, f"0 {sectors} error")
+    # the last MiB: never written, so never in the cache, so read from the origin
+    sh("dd", f"if={device}", "of=/dev/null", "bs=4k", "count=1", "iflag=direct",
+       f"skip={(sectors // 8) - 256}", check=False)
+    poll("the kernel to stop the bcache device", lambda: not sb.is_registered(host, origin),
+         timeout=60)
+    assert os.path.ismount(MOUNTS / name)       # a dead mount of a stopped device
+    fail(dm, linear)                            # the origin is back
+    res = hotcache("teardown", name, "--yes")
+    assert res.code == 3, res.out
+    assert f"the kernel stopped {device}" in res.out and f"hotcache restore {name}" in res.out
+    res = hotcache("restore", name, "--yes")
+    assert res.code == 0, (res.out, bcache_state())
+    assert f"unmount {MOUNTS / name}: the kernel stopped its device" in res.out, res.out
+    assert status(name)["cache"]["dirty_bytes"] > 0, "the dirty data came back"
+
+
+def bcache_state() -> str:
+    """What the kernel shows of bcache, for a failure's message."""
+    return "\n".join(sh(*argv, check=False).stdout for argv in (
+        ["ls", "-l", "/dev/bcache/by-uuid", "/sys/fs/bcache"],
+        ["sh", "-c", "ls -d /sys/block/*/bcache /sys/block/*/*/bcache; ls /sys/block"],
+        ["sh", "-c", "dmesg | grep -i bcache | tail -20"]))
+
+
 @pytest.mark.parametrize("backend, n", [("bcache", 3), ("dm-cache", 4)])
 def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch):
     """Guest tier (c): a writeback cache on a dm-linear origin that starts returning I/O
     errors as teardown's flush begins: teardown fails and keeps the entry, the unit and
-    the cache; once the origin is back, a second teardown puts every file on it."""
+    the cache; once the origin is back, following hotcache's messages (restore, then
+    teardown, where the kernel stopped the device) puts every file on it. For bcache,
+    first the origin fails under the mounted filesystem and the cache is brought back
+    (origin_fails_under_the_mount)."""
     from hotcache.provision.backends import bcache
     from hotcache.provision.backends.parts import bcache_sysfs as sb
     from hotcache.provision.block.host import Host
@@ -154,6 +198,9 @@ def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch
     want = checksums(folder, "f")
     if backend == "bcache":
         assert poll("dirty data", lambda: status(name)["cache"]["dirty_bytes"], timeout=20) > 0
+        origin_fails_under_the_mount(name, dm, sectors, linear)
+        assert checksums(folder, "f") == want
+        host.write(f"{sb.bdev_dir(host, f'/dev/mapper/{dm}')}/writeback_running", "0")
     else:
         assert poll("dirty data", lambda: dirty(name), timeout=20) > 0
 
@@ -184,10 +231,11 @@ def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch
     fail(dm, linear)                                    # the origin is back
     res = hotcache("teardown", name, "--yes")
     if res.code == 3:       # bcache stopped the device on the errors: restore, as told
-        assert "hotcache restore" in res.out, res.out
-        assert hotcache("restore", name, "--yes").code == 0
+        assert f"hotcache restore {name}" in res.out, res.out
+        res = hotcache("restore", name, "--yes")
+        assert res.code == 0, (res.out, bcache_state())
         res = hotcache("teardown", name, "--yes")
-    assert res.code == 0, res.out
+    assert res.code == 0, (res.out, bcache_state() if backend == "bcache" else "")
     mp = MOUNTS / f"bare-{name}"
     mp.mkdir(exist_ok=True)
     device, loop = f"/dev/mapper/{dm}", None
@@ -199,7 +247,8 @@ def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch
                            first * 512, f"/dev/mapper/{dm}").stdout.strip()
     sh("mount", "-o", "ro", device, mp)
     try:
-        assert checksums(mp / "data", "f") == want
+        assert checksums(mp / "data", "f") == want, \
+            bcache_state() if backend == "bcache" else "the files differ"
     finally:
         sh("umount", mp)
         if loop:
@@ -313,7 +362,8 @@ def test_failed_ssd_named_and_torn_down(backend, n, hdd):
 def test_failed_writeback_ssd_needs_the_loss_acknowledged():
     """A writeback dm-cache holding dirty blocks (migration_threshold below one block)
     whose SSD switches to the error target: status reports dirty data at risk, never "no
-    dirty data"; `teardown --cache-failed` is refused (exit 3, nothing changed) until
+    dirty data"; the fail-over watcher switches nothing and raises the alarm; `teardown
+    --cache-failed` is refused (exit 3, nothing changed) until
     `--accept-loss` covers what status reported, and then ends with exit 0 and the
     filesystem check in its notes. Reuses the dm-cache pair the case above freed."""
     ssd = "/dev/disk/by-id/virtio-ssd-part4"
@@ -340,6 +390,16 @@ def test_failed_writeback_ssd_needs_the_loss_acknowledged():
     row = poll("status to name the failed SSD", failed, timeout=120, interval=5)
     message = next(f["message"] for f in row["findings"] if f["code"] == "CACHE_FAILED")
     assert "dirty data at risk" in message and "no dirty data" not in message, message
+    # The fail-over watcher's look: dirty blocks on the dead SSD, so nothing is switched,
+    # the alarm is raised (exit 9) and nothing claims the cache runs on its origin.
+    table = sh("dmsetup", "table", f"hc-{name}").stdout
+    res = hotcache("failover", name, "--json")
+    assert res.code == 9, res.out
+    (look,) = res.json["caches"]
+    assert look["switched"] is False and look["action"] == "alarm", look
+    assert sh("dmsetup", "table", f"hc-{name}").stdout == table, "the table was switched"
+    assert "on_origin" not in yaml.safe_load((PERSIST / "mappings.yaml").read_text())[
+        "caches"][name]
 
     res = hotcache("teardown", name, "--cache-failed", "--yes")
     assert res.code == 3, res.out
