@@ -54,3 +54,26 @@ def plan_unit(p) -> None:
             ctx.runner.run(["systemctl", "restart", UNIT])
     p.do(f"install, enable and start {unit} (switches a cache whose SSD failed to its "
          "origin, under the mounted filesystem)", install)
+
+
+def plan_removal(p) -> None:
+    """Queue stopping, disabling and removing the watcher's service (the teardown of the
+    last cache that can fail over), if it is installed."""
+    directory = unit_dir()
+    unit = directory / UNIT
+    wants = directory / "multi-user.target.wants" / UNIT
+    if not (unit.exists() or wants.is_symlink()):
+        return
+
+    def remove(ctx) -> None:
+        if ctx.runner.dry_run:
+            return
+        systemd = directory == Path(DEFAULT_UNIT_DIR) and Path("/run/systemd/system").is_dir()
+        if systemd:
+            ctx.runner.run(["systemctl", "stop", UNIT], check=False)
+        for path in (wants, unit):
+            if path.is_symlink() or path.exists():
+                path.unlink()
+        if systemd:
+            ctx.runner.run(["systemctl", "daemon-reload"])
+    p.do(f"stop and remove {unit} (no cache left that can fail over to its origin)", remove)

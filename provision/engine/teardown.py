@@ -23,7 +23,7 @@ from hotcache.provision.block import blockdev
 from hotcache.provision.block import busy
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
-from hotcache.provision.engine import images, onorigin, reattach
+from hotcache.provision.engine import failoverunit, images, onorigin, reattach
 from hotcache.provision.engine.bootunit import remove_unit
 from hotcache.provision.engine.apply import Env, Planner
 from hotcache.provision.engine.status import cache_failure
@@ -64,18 +64,25 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
     seen = {role: recorded.current_node(entry, role, env.host) for role in entry.devices}
     why = backend.live(entry, seen)
     if forget:
-        return _plan_forget(name, entry, env, why)
-    if cache_failed:
+        plan = _plan_forget(name, entry, env, why)
+    elif cache_failed:
         if wipe:
             raise UsageError("--cache-failed keeps the origin's filesystem, so it cannot --wipe",
                              hint=f"`hotcache teardown {name} --cache-failed` alone")
-        return _plan_failed(name, entry, env, seen, accept_loss)
-    _refuse_if_failed(name, entry, env, seen)
-    _refuse_if_not_live(name, why)
-    # Every device is proven to be the recorded one before anything is touched.
-    nodes = {role: recorded.require(entry, role, env.host, cache=name).node
-             for role in entry.devices}
-    return _plan_live(name, entry, env, backend, nodes, wipe=wipe, remove_images=remove_images)
+        plan = _plan_failed(name, entry, env, seen, accept_loss)
+    else:
+        _refuse_if_failed(name, entry, env, seen)
+        _refuse_if_not_live(name, why)
+        # Every device is proven to be the recorded one before anything is touched.
+        nodes = {role: recorded.require(entry, role, env.host, cache=name).node
+                 for role in entry.devices}
+        plan = _plan_live(name, entry, env, backend, nodes, wipe=wipe,
+                          remove_images=remove_images)
+    # The last cache that can fail over takes the fail-over watcher's service with it.
+    watched = [n for n, e in data["caches"].items() if n != name and BACKENDS[e.backend].fails_over]
+    if backend.fails_over and not watched:
+        failoverunit.plan_removal(Planner(env, name, plan))
+    return plan
 
 
 def _unknown(name: str, data: dict, env: Env) -> UsageError:
