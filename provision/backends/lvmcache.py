@@ -414,7 +414,9 @@ class LvmCache(Backend):
         check = self._still_recorded(p.cache, entry, vg, lv)
         target = f"{vg}/{lv}"
         if info.get("segtype") == "cache":
-            if info["lv_attr"][4:5] == "a":
+            # Anything but "-" (inactive): "a", or "X" (unknown), which lvs shows of an LV
+            # whose top device the fail-over switched to a linear table of its origin.
+            if info["lv_attr"][4:5] not in ("-", ""):
                 p.command(f"deactivate {target}: lvm2 takes a cache off an inactive LV without "
                       "flushing it or loading a table on the failed SSD",
                       lvm(h, "lvchange", "--yes", "--activate", "n", target), check=check)

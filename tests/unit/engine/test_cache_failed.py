@@ -219,6 +219,18 @@ def test_lvmcache_teardown_cache_failed_drops_the_cache_from_the_lv(host, env):
     assert "c1" in yaml.safe_load(env.state.read_text())["caches"]     # plans change nothing
 
 
+@pytest.mark.parametrize("state", ["X", "d", "i"])
+def test_lvmcache_lv_in_any_state_but_inactive_is_deactivated_first(host, env, state):
+    """After a fail-over the LV's top device runs a linear table of its origin, which
+    lvm2's report does not show as plainly active; lvconvert refuses an LV whose table is
+    not the cache it expects, so it is deactivated first whatever its state reads."""
+    lvm_cache(host, env)
+    attr = host.lvs["hc_c1/data"]["lv_attr"]
+    host.lvs["hc_c1/data"]["lv_attr"] = attr[:4] + state + attr[5:]
+    assert argvs(plan_teardown("c1", env, cache_failed=True))[0] == \
+        ["lvchange", *LVM, "--yes", "--activate", "n", "hc_c1/data"]
+
+
 def test_lvmcache_inactive_lv_with_its_pv_present_is_not_deactivated_or_reduced(host, env):
     """Failed with the PV still there (its metadata needs a check) and the LV not
     active: nothing to deactivate, no missing PV to remove."""

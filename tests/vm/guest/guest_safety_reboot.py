@@ -150,7 +150,9 @@ def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch,
     show the same PV twice). status names the failure within a bounded time; `teardown
     --cache-failed` ends with exit 0, the entry, unit and fstab line gone, every file on
     the LV, now the origin alone; then a new SSD is attached with `hotcache apply`, the
-    filesystem kept, and every file reads back through the new cache."""
+    filesystem kept, and every file reads back through the new cache. That SSD dies in
+    turn, under the mounted filesystem: the cache fails over to its origin in place, and
+    `teardown --cache-failed` then leaves every file on the LV."""
     # The case above took slvm down as teardown does: its data LV stays on ssd2's first
     # partition. Remove it, as an administrator done with that data would.
     cfg = ["--config", "devices { use_devicesfile=0 }"]
@@ -227,9 +229,48 @@ def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch,
     assert checksums(folder, "l") == sums
     row = status(name)
     assert row["ok"] and row["cache"]["mode"] == "writethrough", row
-    res = hotcache("teardown", name, "--yes")
+    fails_over_under_the_mounted_filesystem(name, new, sectors, folder, sums)
+    res = hotcache("teardown", name, "--cache-failed", "--yes")
     assert res.code == 0, res.out
+    sh("udevadm", "settle")
+    sh("mount", "-o", "noatime", f"UUID={fs_uuid}", MOUNTS / name)
+    assert checksums(folder, "l") == sums
+    sh("umount", MOUNTS / name)
     sh("dmsetup", "remove", new)
+
+
+def fails_over_under_the_mounted_filesystem(name: str, dm: str, sectors: int, folder,
+                                            sums: dict[str, str]) -> None:
+    """lvmcache's fail-over: the new SSD dies under the mounted filesystem; the watcher's
+    look (`hotcache failover`, as the service runs it once a second) switches the LV's
+    top device to its origin sub-LV in place: still mounted, every file right, status
+    says where it runs, and the mapping records it."""
+    sh("dmsetup", "suspend", "--noflush", dm)
+    sh("dmsetup", "load", dm, "--table", f"0 {sectors} error")
+    sh("dmsetup", "resume", dm)
+
+    def switched():
+        drop_caches()
+        for file in sums:           # reads of cached blocks fail until the switch
+            try:
+                (folder / file).read_bytes()
+            except OSError:
+                pass
+        res = hotcache("failover", name, "--json")
+        (look,) = res.json["caches"]
+        return look if look["switched"] else None
+    look = poll("the watcher to switch the cache to its origin", switched, timeout=300,
+                interval=2)
+    assert os.path.ismount(MOUNTS / name)
+    assert sh("dmsetup", "table", look["device"]).stdout.split()[2] == "linear", look
+    drop_caches()
+    assert checksums(folder, "l") == sums
+    res = hotcache("status", name, "--json")
+    assert res.code == 5, res.out
+    (found,) = [f for f in res.json["caches"][0]["findings"] if f["code"] == "CACHE_FAILED"]
+    assert found["message"].startswith("running on the origin since "), found
+    entry = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name]
+    assert entry["on_origin"]["table"].split()[2] == "linear", entry
 
 
 # Two equal-size "slots" whose identity (a dm UUID, as a QEMU SATA or libvirt SCSI serial)
