@@ -233,13 +233,24 @@ def _mapping() -> tuple[dict | None, str]:
 def check_view(b: Backing) -> View:
     """Compare the filesystem the kernel serves here with what the host's mapping records
     now (see the module doc)."""
+    return _view(b)[0]
+
+
+def _view(b: Backing) -> tuple[View, dict | None]:
+    """check_view, with the mapping's caches it read (None when it read none, or could
+    not): describe() hands them on to _recorded, so one call parses the mapping once."""
     major = (b.devnum or "0:0").split(":")[0]
     if b.devnum and major != "0" and SYS_DEV_BLOCK.is_dir() and \
             not (SYS_DEV_BLOCK / b.devnum).exists():
         return View("stale", f"the block device {b.devnum} under {b.mountpoint} no longer "
                              "exists on the host: this mount outlived the cache it showed; "
-                             "restart the container")
+                             "restart the container"), None
     caches, where = _mapping()
+    return _compare(b, caches, where), caches
+
+
+def _compare(b: Backing, caches: dict | None, where: str) -> View:
+    """The view, from the mapping's caches (None: not visible, and `where` says why)."""
     if caches is None:
         return View("unknown", where)
     if not b.fs_uuid:
@@ -270,19 +281,20 @@ def describe(path: str | os.PathLike, source: str = "argument",
     rank = {k: os.environ[k] for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if os.environ.get(k)}
     backing = backing_of(path)
     copy = hot_copy_at(path)
-    view = check_view(backing)
-    copy = _recorded(copy, view)
+    view, caches = _view(backing)
+    copy = _recorded(copy, view, caches)
     tiers = Tiers.of(path, Path(cold).resolve(), copy.root, copy.is_hot) if cold else None
     return DataRoot(path, source, copy, backing, rank, view, tiers)
 
 
-def _recorded(copy: HotCopy, view: View) -> HotCopy:
+def _recorded(copy: HotCopy, view: View, caches: dict | None) -> HotCopy:
     """On a cache the host's mapping records (a fresh view), a copy is hot only when the
     mapping records a copy at that folder: the same inode and owner (the paths differ in
-    a container). Where the mapping is not visible, the metadata is all there is."""
+    a container). Where the mapping is not visible, the metadata is all there is.
+    `caches`: the mapping's caches as the view was judged from (the same parse: a view
+    found fresh in one reading of the file is never checked against another)."""
     if copy.state not in ("hot", "unverified") or view.state != "fresh" or copy.root is None:
         return copy
-    caches, _ = _mapping()
     entry = (caches or {}).get(view.cache) or {}
     records = entry.get("hot_copies") or {}
     try:
