@@ -37,8 +37,7 @@ from hotcache.provision.errors import DriftError, HotcacheError, RefusedError, U
 from hotcache.provision.hotcopy.filecopy import CHUNK, Done, FileCopier, Limiter, default_jobs
 from hotcache.provision.hotcopy.lanes import SMALL
 from hotcache.provision.hotcopy.format import (FORMAT, MANIFEST, METADATA, STAGING_SUFFIX,
-                                               label_ok, metadata_at, read_metadata,
-                                               staging_dir)
+                                               label_ok, metadata_at, staging_dir)
 from hotcache.provision.system.clock import now
 from hotcache.provision.system.meter import NullMeter
 from hotcache.provision.hotcopy.selection import Coverage, Entries, Entry, select
@@ -142,17 +141,9 @@ def check_paths(src: Path, dest: Path) -> tuple[Path, Path]:
         raise UsageError(f"source {src} is inside the destination {dest}")
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"destination {dest} exists and is not a folder")
-    if dest.is_dir() and read_metadata(dest) is None and user_entries(dest):
-        raise RefusedError(f"destination {dest} exists, is not empty and is not a hot copy; "
-                           "hotcache does not overwrite it",
-                           hint="choose a new DEST, or empty that folder yourself")
+    # Whether a DEST that is there may be replaced (a hot copy, or empty) is judged when
+    # it is held open (Place.open), from the one read of its metadata the copy makes.
     return src, dest
-
-
-def user_entries(dest: Path) -> list[str]:
-    """What DEST holds besides a mountpoint's lost+found and hotcache's staging folder."""
-    return [n for n in os.listdir(dest)
-            if n != "lost+found" and not n.endswith(STAGING_SUFFIX)]
 
 
 def parse_owner(owner: str | None) -> tuple[int, int] | None:
@@ -233,13 +224,12 @@ class CopyPlan:
         return self.sizes[COPY] + self.sizes[CHECK]
 
 
-def make_plan(entries: Entries, dest: Path, journal: dict, checksum: bool,
+def make_plan(entries: Entries, dest: Path, old: dict | None, journal: dict, checksum: bool,
               spool_dir: int | None = None) -> CopyPlan:
     """The selection (in path order) merged with the published copy's manifest (read in
-    path order, a line at a time): nothing is held per file of the old copy. The digests
-    are spooled beneath `spool_dir` (the folder holding the staging folder: the copy's own
-    disk) when given."""
-    old = read_metadata(dest) if dest.is_dir() else None
+    path order, a line at a time): nothing is held per file of the old copy. `old`: the
+    published copy's metadata (None: nothing published). The digests are spooled beneath
+    `spool_dir` (the folder holding the staging folder: the copy's own disk) when given."""
     n = len(entries)
     plan = CopyPlan(entries, bytearray(n), Spool(DIGEST * n, spool_dir), old, old is not None)
     failed = set((old or {}).get("verify_failed") or ())
@@ -329,13 +319,16 @@ def next_version(old: dict | None) -> str:
 @dataclass
 class Place:
     """Where a copy goes, held by descriptors: DEST's parent folder, DEST itself when it
-    exists (checked to be a real folder, never a symlink), and whether DEST is a
-    mountpoint (then the staging folder lies inside DEST, on DEST's own filesystem)."""
+    exists (checked to be a real folder, never a symlink), whether DEST is a mountpoint
+    (then the staging folder lies inside DEST, on DEST's own filesystem), and the
+    published copy's metadata, read once through DEST's descriptor: the sizing, the plan
+    and the new version all take it from here."""
     dest: Path
     parent_fd: int
     dest_fd: int | None = None
     dest_st: os.stat_result | None = None
     mountpoint: bool = False
+    old: dict | None = None
 
     @classmethod
     def open(cls, dest: Path) -> Place:
@@ -352,25 +345,28 @@ class Place:
             place.dest_fd, place.dest_st = fd, beneath.expect(fd, st, str(dest))
             place.mountpoint = st.st_dev != os.fstat(place.parent_fd).st_dev
             try:
-                place.check_replaceable()
+                place.old = metadata_at(fd)
+                place.check_replaceable(place.old, publishing=False)
             except BaseException:
                 place.close()
                 raise
         return place
 
-    def check_replaceable(self) -> None:
-        """The folder held at DEST may be replaced: a hot copy, or empty (but for a
-        mountpoint's lost+found and hotcache's staging folder). Read through the
-        descriptor held, never the path, which anyone who can write to DEST's parent can
-        point at another folder (another user's) at any moment."""
+    def check_replaceable(self, meta: dict | None, publishing: bool = True) -> None:
+        """The folder held at DEST may be replaced: a hot copy (`meta`, its metadata read
+        through the descriptor held, is not None), or empty (but for a mountpoint's
+        lost+found and hotcache's staging folder). Listed through the descriptor held,
+        never the path, which anyone who can write to DEST's parent can point at another
+        folder (another user's) at any moment."""
         fd = self.dest_dir
         names = [n for n in os.listdir(fd)
                  if n != "lost+found" and not n.endswith(STAGING_SUFFIX)]
-        if not names or metadata_at(fd) is not None:
+        if not names or meta is not None:
             return
         st = self.dest_stat
-        raise RefusedError(f"destination {self.dest} (owned by uid {st.st_uid}) is not empty "
-                           "and is not a hot copy; hotcache does not overwrite it",
+        what = f"(owned by uid {st.st_uid})" if publishing else "exists,"
+        raise RefusedError(f"destination {self.dest} {what} is not empty and is not a hot "
+                           "copy; hotcache does not overwrite it",
                            hint="choose a new DEST, or empty that folder yourself")
 
     @property
@@ -422,8 +418,8 @@ def copy(src: Path, dest: Path, opts: CopyOptions,
     try:
         sel = select(src, include=opts.include, exclude=opts.exclude,
                      list_file=opts.list_file, fraction=opts.fraction, seed=opts.seed)
-        sizing = advice_for(sel, dest)
-        sel = sized(sel, dest, fit_=opts.fit, budget=opts.budget, margin=opts.margin,
+        sizing = advice_for(sel, dest, place.old)
+        sel = sized(sel, dest, place.old, fit_=opts.fit, budget=opts.budget, margin=opts.margin,
                     seed=opts.seed, redraw=opts.redraw,
                     explicit=opts.fraction is not None or opts.list_file is not None,
                     note=lambda text: meter.note(text))
@@ -517,7 +513,8 @@ def _plan(src: Path, place: Place, staging: Staging, entries: Entries,
                                f"({staging.source()})",
                                hint=f"finish that copy, or remove {staging.path}")
         journal = staging.journaled() if staging.source() else {}
-    return make_plan(entries, place.dest, journal, opts.checksum, staging.parent_fd)
+    return make_plan(entries, place.dest, place.old, journal, opts.checksum,
+                     staging.parent_fd)
 
 
 def _same(plan: CopyPlan, opts: CopyOptions, name: str) -> bool:
@@ -790,7 +787,10 @@ def _publish(staging: Staging, place: Place, meter: NullMeter,
     elif not os.listdir(place.dest_dir):
         beneath.rename_at(pfd, staging.name, pfd, dest.name)   # replaces the empty folder
     else:
-        place.check_replaceable()     # still a hot copy: filled meanwhile, it is kept
+        # Read again, not taken from the start: the folder's owner may have changed what
+        # it holds during the copy, and only a look taken now can say that the tree about
+        # to be emptied is still a hot copy (filled meanwhile, it is kept).
+        place.check_replaceable(metadata_at(place.dest_dir))
         try:
             beneath.rename_at(pfd, staging.name, pfd, dest.name, beneath.RENAME_EXCHANGE)
             aside = staging.name

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hotcache.provision.errors import UsageError
 from hotcache.provision.hotcopy import manifest
-from hotcache.provision.hotcopy.format import MANIFEST, home, read_metadata
+from hotcache.provision.hotcopy.format import MANIFEST, home
 from hotcache.provision.hotcopy.selection import Selection, narrow, fit
 from hotcache.provision.hotcopy.sizing import Advice, advise, budget_bytes
 
@@ -22,17 +22,17 @@ RULE_KEYS = ("rule", "seed", "class_fraction", "stratified_by", "budget", "budge
              "budget_from", "margin", "drawn_at_version")
 
 
-def sized(sel: Selection, dest: Path, *, fit_: bool, budget: str | None, margin: float,
-          seed: int, redraw: bool, explicit: bool, note=print) -> Selection:
+def sized(sel: Selection, dest: Path, old: dict | None, *, fit_: bool, budget: str | None,
+          margin: float, seed: int, redraw: bool, explicit: bool, note=print) -> Selection:
     """The selection narrowed to what a sized copy takes; `sel` itself when nothing asks
-    for sizing. `explicit`: the user chose files another way (--fraction, --list)."""
+    for sizing. `old`: the metadata of the copy published at `dest` (None: none).
+    `explicit`: the user chose files another way (--fraction, --list)."""
     if budget is not None:
         fit_ = True
     if fit_ and explicit:
         raise UsageError("--fit/--budget choose the files themselves: leave out "
                          "--fraction and --list", hint="--include/--exclude still narrow "
                                                         "what --fit draws from")
-    old = read_metadata(dest) if dest.is_dir() else None
     old_rule = ((old or {}).get("selection") or {})
     if old is not None and old_rule.get("rule") == RULE and not redraw and not explicit:
         return _kept(sel, dest, old, old_rule, note)
@@ -69,8 +69,8 @@ def _kept(sel: Selection, dest: Path, old: dict, rule: dict, note) -> Selection:
     return kept
 
 
-def advice_for(sel: Selection, dest: Path) -> Advice:
-    """The selection (before any --fit) against what DEST's filesystem can take."""
-    old = read_metadata(dest) if dest.is_dir() else None
+def advice_for(sel: Selection, dest: Path, old: dict | None) -> Advice:
+    """The selection (before any --fit) against what DEST's filesystem can take; `old`:
+    the metadata of the copy published there (its bytes can be reused)."""
     available, _how = budget_bytes(None, home(dest), int((old or {}).get("bytes") or 0))
     return advise(sel.bytes, available, "the selection", f"the free space at {home(dest)}")

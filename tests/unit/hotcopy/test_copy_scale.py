@@ -13,6 +13,7 @@ import pytest
 
 from hotcache.provision.hotcopy import copier, selection, verify
 from hotcache.provision.hotcopy.selection import Entries, Entry, iter_walk, walk
+from hotcache.provision.hotcopy.format import read_metadata
 
 # Bytes per added file. The selection and the digests are spooled to unnamed files, so
 # what a copy holds per file is a byte of its plan and what a refresh's manifest merge
@@ -50,7 +51,7 @@ def refresh_peak(src: Path, dest: Path) -> int:
     changed = next(src.rglob("*.bin"))
     changed.write_bytes(b"changed")
     peak = copy_peak(src, dest)
-    assert copier.read_metadata(dest)["version"] == "2"
+    assert read_metadata(dest)["version"] == "2"
     return peak
 
 
