@@ -9,6 +9,7 @@ writes them again from the mapping.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -118,7 +119,7 @@ class Bcache(Backend):
         stopped = stopping_node(h, bdev_uuid, origin.node) \
             if bdev_uuid is not None and isinstance(origin.node, str) else None
         if stopped is not None:
-            self._release_stopped(p, stopped)
+            self._release_stopped(p, entry, stopped)
         if not live:
             p.do(f"register {cache.ref.label} and {origin.ref.label} with the kernel "
                  "(udev may have done it already)",
@@ -153,28 +154,49 @@ class Bcache(Backend):
         self._plan_tunables(p, spec, origin.node, cset, live)
         return target
 
-    def _release_stopped(self, p: Planner, node: str) -> None:
+    def _release_stopped(self, p: Planner, entry: CacheEntry | None, node: str) -> None:
         """The kernel stopped this cache's bcache device (too many I/O errors on the
         origin: bch_cached_dev_error) and unregistered the backing device. Its dirty data
         waits in the cache set, and registering the backing device again brings it back,
         but only once the stopped device is gone: the kernel keeps its node, which cannot
-        be opened, while anything holds it (a mount of the dead filesystem) or its
-        writeback waits on the origin. So: unmount such a mount (nothing can be read or
-        written through it; refused while processes use it), then wait for the node to
-        go."""
+        be opened, while anything holds it (a mount of the dead filesystem, here or in
+        another mount namespace) or its writeback waits on the origin. So: unmount such a
+        mount (nothing can be read or written through it), then wait for the node to go.
+        Refused while processes use the mount, while another namespace holds it, where
+        another filesystem is mounted over it, and for a cache whose first apply did not
+        finish (whether its filesystem was made is not known)."""
         h = self.host
+        gone = (f"{p.cache}: the kernel stopped its bcache device {node} after I/O errors "
+                "on the origin (see `dmesg`; the cache set keeps the dirty data)")
+        if entry is None or entry.state != EntryState.READY:
+            p.refuse(f"{gone}, before its first apply finished. Unmount what is mounted from "
+                     f"{node}, wait until {node} is gone (the kernel lets go of it once the "
+                     "origin answers again), then run the apply again")
+            return
+        elsewhere = busy.other_namespaces_holding(h.devnum(node))
+        if elsewhere:
+            p.refuse(f"{gone}; other mount namespaces still hold its filesystem (containers "
+                     "started while it was mounted keep their own copy of the mount), so the "
+                     "kernel cannot let go of it:\n" + "\n".join(f"  {u}" for u in elsewhere)
+                     + "\nstop those processes and run the command again")
+            return
         for mp in blockdev.mountpoints_of(h, node):
+            top = blockdev.mount_at(h, mp)
+            if top is None or top.source_dev != h.devnum(node):
+                p.refuse(f"{gone}; it is mounted at {mp} under {top.source if top else '?'}, "
+                         "which is mounted over it: unmount that first, then run the command "
+                         "again")
+                continue
             users = busy.users_of(mp)
             if users:
-                p.refuse(f"{p.cache}: {mp} is mounted from {node}, which the kernel stopped "
-                         "after I/O errors on the origin (nothing can be read or written "
-                         "through it), and it must be unmounted before the cache comes "
-                         "back; it is in use:\n" + "\n".join(f"  {u}" for u in users)
+                p.refuse(f"{gone}; {mp} is mounted from it (nothing can be read or written "
+                         "through it) and must be unmounted before the cache comes back, but "
+                         "it is in use:\n" + "\n".join(f"  {u}" for u in users)
                          + "\nstop those processes and run the command again")
                 continue
             p.command(f"unmount {mp}: the kernel stopped its device {node} after I/O errors "
                       "on the origin, so nothing can be read or written through it",
-                      ["umount", mp])
+                      ["umount", mp], check=functools.partial(on_top, h, mp, node))
             p.released.add(mp)
         p.do(f"wait for the kernel to let go of the stopped device {node} (the cache set "
              "keeps its dirty data)", lambda ctx: wait_stopped(h, node))
@@ -334,14 +356,23 @@ def _probe_uuid(ctx: RunContext, node: str | Ref) -> str:
 def register(host: Host, cache_node: str, origin_node: str, cset: str) -> None:
     """Register both devices. udev's bcache rule usually does it first, and a second
     registration fails with EINVAL ("already registered"): tolerate it, then check."""
-    for node in (cache_node, origin_node):
+    def write(node: str) -> None:
         try:
             host.write(f"{sb.SYS_FS}/register", host.realpath(node))
         except OSError:
             pass  # already registered (udev did it) or a real failure: the wait tells
-    wait_until("bcache to register the cache set and the backing device",
-               lambda: (host.is_dir(sb.set_dir(cset)) and sb.is_registered(host, origin_node),
-                        "not registered yet"),
+
+    def done() -> tuple[bool, str]:
+        if host.is_dir(sb.set_dir(cset)) and sb.is_registered(host, origin_node):
+            return True, "registered"
+        # Again: just after a stopped device is let go, the kernel can still refuse
+        # the backing device for a moment (busy).
+        write(origin_node)
+        return False, "not registered yet"
+
+    for node in (cache_node, origin_node):
+        write(node)
+    wait_until("bcache to register the cache set and the backing device", done,
                timeout=REGISTER_TIMEOUT,
                hint="check `dmesg` for bcache errors (block size mismatch, too few buckets)")
 
@@ -379,15 +410,32 @@ def stopping_node(host: Host, bdev_uuid: str, origin_node: str) -> str | None:
     link = f"{sb.BY_UUID}/{bdev_uuid}"
     if sb.is_registered(host, origin_node) or not host.exists(link):
         return None
-    return host.realpath(link)
+    node = host.realpath(link)
+    if host.is_dir(f"{host.sysfs(node)}/bcache"):
+        # A running bcache device (its link to its backing device resolves): another
+        # cache's, which took the number once ours was gone, before udev moved the link.
+        return None
+    return node
+
+
+def on_top(host: Host, mp: str, node: str, _ctx: RunContext) -> None:
+    """Right before the unmount: `mp`'s top mount is still the stopped device's (a mount
+    made over it since the plan would be the one unmounted)."""
+    top = blockdev.mount_at(host, mp)
+    if top is None or top.source_dev != host.devnum(node):
+        raise RefusedError(f"{mp} is no longer mounted from {node} on top (now: "
+                           f"{top.source if top else 'nothing'}); it was not unmounted",
+                           hint="look at `findmnt " + mp + "`, then run the command again")
 
 
 def wait_stopped(host: Host, node: str) -> None:
     wait_until(f"the kernel to let go of the stopped bcache device {node}",
                lambda: (not host.exists(node), "still there"), timeout=REGISTER_TIMEOUT,
-               hint="the kernel lets go of it once its writeback stops, which waits on "
-                    "the origin's I/O: check that the origin answers again (`dmesg`), then "
-                    "run the command again; the cache set keeps the dirty data meanwhile")
+               hint="the kernel lets go of it once nothing holds it and its writeback "
+                    "stops, which waits on the origin's I/O: check that the origin answers "
+                    "again (`dmesg`) and that no process or container still has it mounted "
+                    "(`findmnt`, `lsof`), then run the command again; the cache set keeps "
+                    "the dirty data meanwhile")
 
 
 def detach(host: Host, origin_node: str, **wait: Any) -> None:

@@ -490,6 +490,8 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
                                  seed=seed))
 
     target = backend.build(p, spec, entry, devs)
+    if p.refusals:
+        return      # what comes next is planned on what the backend refused to do
     if backend.restores_at_boot:
         bootunit.plan_unit(p, spec)
     if backend.fails_over:
@@ -603,7 +605,8 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target,
     host = p.env.host
     unmounted = unmounted or host.realpath(mp) in {host.realpath(m) for m in p.released}
     old_mp = entry.filesystem.mountpoint if entry else None
-    if entry and old_mp and old_mp != mp and blockdev.mount_at(host, old_mp):
+    if entry and old_mp and old_mp != mp and old_mp not in p.released \
+            and blockdev.mount_at(host, old_mp):
         p.command(f"unmount {old_mp} (the spec moved {spec.name} to {mp})", ["umount", old_mp])
         old_uuid = entry.filesystem.uuid
         p.do(f"remove the old mountpoint entry of {spec.name} from {p.env.fstab}",

@@ -64,6 +64,12 @@ def plan_removal(p) -> None:
     wants = directory / "multi-user.target.wants" / UNIT
     if not (unit.exists() or wants.is_symlink()):
         return
+    try:
+        text = unit.read_text()
+    except OSError:
+        text = None
+    if text is not None and text != unit_text(p.env.state.absolute()):
+        return      # it watches another mapping (another --state): not this one's to remove
 
     def remove(ctx) -> None:
         if ctx.runner.dry_run:

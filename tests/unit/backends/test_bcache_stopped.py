@@ -8,7 +8,9 @@ that cannot be read; a dead mount of it is unmounted first, or refused while in 
 from __future__ import annotations
 
 import pytest
+import yaml
 
+from hotcache.provision import mapping
 from hotcache.provision.backends import bcache
 from hotcache.provision.block import busy
 from hotcache.provision.engine.restore import plan_restore
@@ -17,7 +19,7 @@ from hotcache.provision.errors import RefusedError, WaitTimeout
 
 from tests.unit.backends.test_plans import (BRING_UP, BY_UUID, HDD_MIB, MKDIR, MP, READY,
                                             bcache_built, checked, fake, mount,  # noqa: F401
-                                            steps)
+                                            plan, steps)
 
 WAIT = ("wait for the kernel to let go of the stopped device /dev/bcache0 (the cache set "
         "keeps its dirty data)")
@@ -55,8 +57,10 @@ def test_a_dead_mount_in_use_is_refused_naming_the_processes(fake, monkeypatch):
     with pytest.raises(RefusedError) as err:
         plan_restore(fake.env_)
     said = str(err.value)
-    assert f"{MP} is mounted from /dev/bcache0, which the kernel stopped" in said
+    assert "the kernel stopped its bcache device /dev/bcache0" in said
+    assert f"{MP} is mounted from it" in said and "in use" in said
     assert "pid 4242 (python3): cwd" in said and "stop those processes" in said
+    assert "choose another mountpoint" not in said      # one refusal, the cause
 
 
 def test_teardown_names_the_stopped_device_and_points_at_restore(fake):
@@ -82,3 +86,57 @@ def test_the_wait_ends_when_the_node_goes_and_says_what_to_check_when_it_does_no
     assert "/dev/bcache0" in str(err.value) and "origin answers again" in err.value.hint
     fake.path("/dev/bcache0").unlink()
     bcache.wait_stopped(fake, "/dev/bcache0")
+
+
+def test_a_running_device_that_took_the_number_is_never_unmounted(fake):
+    """Once ours is gone, another cache's device can take bcache0 before udev moves the
+    by-uuid link: it runs (its bcache folder resolves), so it is never taken for ours."""
+    stopped_device(fake, mounted=True)
+    fake.sysfs_file("/sys/class/block/bcache0/bcache/state", "clean")
+    assert bcache.stopping_node(fake, "44444444-4444-4444-8444-444444444444",
+                                "/dev/vdb") is None
+    with pytest.raises(RefusedError, match="shows no filesystem"):   # not ours: refused
+        plan_restore(fake.env_)
+
+
+def test_a_cache_whose_first_apply_did_not_finish_is_refused_never_formatted(fake):
+    """Whether its filesystem was made is not known: the way back is said, nothing else."""
+    stopped_device(fake, mounted=True)
+    data = yaml.safe_load(fake.env_.state.read_text())
+    data["caches"]["c1"]["state"] = "building"
+    mapping.save(fake.env_.state, data)
+    with pytest.raises(RefusedError) as err:
+        plan(fake, "bcache")
+    said = str(err.value)
+    assert "before its first apply finished" in said and "mkfs" not in said
+
+
+def test_a_mount_over_the_dead_one_is_never_unmounted(fake, tmp_path):
+    stopped_device(fake, mounted=True)
+    fake.disk("vdz", None, 64, type="ext4", uuid="other")
+    fake.mount("/dev/vdz", MP)                 # mounted over the dead mount
+    with pytest.raises(RefusedError) as err:
+        plan_restore(fake.env_)
+    assert "which is mounted over it: unmount that first" in str(err.value)
+
+
+def test_the_unmount_stops_if_the_top_mount_changed_since_the_plan(fake):
+    from hotcache.provision.plan import RunContext
+
+    stopped_device(fake, mounted=True)
+    umount = plan_restore(fake.env_).steps[0]
+    assert umount.argv == ["umount", MP]
+    umount.check(RunContext(fake.runner))           # as planned: goes ahead
+    fake.disk("vdz", None, 64, type="ext4", uuid="other")
+    fake.mount("/dev/vdz", MP)
+    with pytest.raises(RefusedError, match="no longer mounted from /dev/bcache0 on top"):
+        umount.check(RunContext(fake.runner))
+
+
+def test_another_mount_namespace_holding_it_is_refused_naming_it(fake, monkeypatch):
+    stopped_device(fake, mounted=True)
+    monkeypatch.setattr(busy, "other_namespaces_holding", lambda devnum: ["pid 77 (pause)"])
+    with pytest.raises(RefusedError) as err:
+        plan_restore(fake.env_)
+    assert "other mount namespaces still hold" in str(err.value)
+    assert "pid 77 (pause)" in str(err.value)

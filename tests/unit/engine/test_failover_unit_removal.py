@@ -47,3 +47,12 @@ def test_a_cache_that_cannot_fail_over_leaves_it_alone(fake):
     unit.write_text(failoverunit.unit_text(fake.env_.state.absolute()))
     assert removal() not in steps(plan_teardown("c1", fake.env_))
     assert unit.exists()
+
+
+def test_a_watcher_of_another_mapping_is_left_alone(fake, tmp_path):
+    """A teardown run on another mapping (--state) never removes the host's watcher."""
+    dm_built(fake)
+    unit = bootunit.unit_dir() / failoverunit.UNIT
+    unit.write_text(failoverunit.unit_text(tmp_path / "the-hosts-mappings.yaml"))
+    assert removal() not in steps(plan_teardown("c1", fake.env_))
+    assert unit.exists()
