@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from guest_safety import BYSTANDER, CACHE_BY_ID, CACHES, device_sum, dirty
+from guest_safety import BYSTANDER, CACHE_BY_ID, CACHES, device_sum, dirty, quiesce
 from vmlib import (MOUNTS, PERSIST, checksums, drop_caches, hotcache, poll, sh, status,
                    write_files)
 
@@ -245,6 +245,7 @@ def fails_over_under_the_mounted_filesystem(name: str, dm: str, sectors: int, fo
     look (`hotcache failover`, as the service runs it once a second) switches the LV's
     top device to its origin sub-LV in place: still mounted, every file right, status
     says where it runs, and the mapping records it."""
+    quiesce(MOUNTS / name)
     sh("dmsetup", "suspend", "--noflush", dm)
     sh("dmsetup", "load", dm, "--table", f"0 {sectors} error")
     sh("dmsetup", "resume", dm)
