@@ -177,8 +177,7 @@ class Bcache(Backend):
         if elsewhere:
             p.refuse(f"{gone}; other mount namespaces still hold its filesystem (containers "
                      "started while it was mounted keep their own copy of the mount), so the "
-                     "kernel cannot let go of it:\n" + "\n".join(f"  {u}" for u in elsewhere)
-                     + "\nstop those processes and run the command again")
+                     "kernel cannot let go of it" + _stop_them(elsewhere))
             return
         for mp in blockdev.mountpoints_of(h, node):
             top = blockdev.mount_at(h, mp)
@@ -191,8 +190,7 @@ class Bcache(Backend):
             if users:
                 p.refuse(f"{gone}; {mp} is mounted from it (nothing can be read or written "
                          "through it) and must be unmounted before the cache comes back, but "
-                         "it is in use:\n" + "\n".join(f"  {u}" for u in users)
-                         + "\nstop those processes and run the command again")
+                         "it is in use" + _stop_them(users))
                 continue
             p.command(f"unmount {mp}: the kernel stopped its device {node} after I/O errors "
                       "on the origin, so nothing can be read or written through it",
@@ -416,6 +414,11 @@ def stopping_node(host: Host, bdev_uuid: str, origin_node: str) -> str | None:
         # cache's, which took the number once ours was gone, before udev moved the link.
         return None
     return node
+
+
+def _stop_them(processes: list[str]) -> str:
+    return ":\n" + "\n".join(f"  {u}" for u in processes) + \
+        "\nstop those processes and run the command again"
 
 
 def on_top(host: Host, mp: str, node: str, _ctx: RunContext) -> None:

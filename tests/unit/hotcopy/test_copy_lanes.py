@@ -309,10 +309,16 @@ def test_the_workers_are_forked_while_no_other_thread_runs(env):
 
 
 def test_a_copy_beside_other_threads_keeps_to_threads(env, tmp_path, monkeypatch):
-    src, dest = env
-    monkeypatch.setattr(lanes, "_alone", lambda wait=5.0: real_alone(0.0))  # no 5 s wait
     stop = threading.Event()
     threading.Thread(target=stop.wait, name="an application's own").start()
+    copies_in_this_process(env, tmp_path, monkeypatch, stop)
+
+
+def copies_in_this_process(env, tmp_path, monkeypatch, stop: threading.Event) -> None:
+    """Copy beside the other thread that waits on `stop`: every file is copied by this
+    process (its threads), none by a forked worker."""
+    src, dest = env
+    monkeypatch.setattr(lanes, "_alone", lambda wait=5.0: real_alone(0.0))  # no 5 s wait
     pid_log(monkeypatch, tmp_path / "pids")
     try:
         copier.copy(src, dest, copier.CopyOptions())
@@ -327,8 +333,6 @@ def test_a_thread_python_did_not_start_keeps_the_copy_to_threads(env, tmp_path, 
     shows as a dummy thread, which cannot be joined: the copy still runs, in threads."""
     import _thread
 
-    src, dest = env
-    monkeypatch.setattr(lanes, "_alone", lambda wait=5.0: real_alone(0.0))
     seen, stop = threading.Event(), threading.Event()
 
     def foreign() -> None:
@@ -337,13 +341,7 @@ def test_a_thread_python_did_not_start_keeps_the_copy_to_threads(env, tmp_path, 
         stop.wait()
     _thread.start_new_thread(foreign, ())
     seen.wait(10)
-    pid_log(monkeypatch, tmp_path / "pids")
-    try:
-        copier.copy(src, dest, copier.CopyOptions())
-    finally:
-        stop.set()
-    assert set(copied_by(tmp_path / "pids").values()) == {os.getpid()}
-    assert tree(dest) == tree(src)
+    copies_in_this_process(env, tmp_path, monkeypatch, stop)
 
 
 def test_a_fork_that_fails_leaves_no_worker_and_the_copy_to_threads(env, tmp_path,
