@@ -603,9 +603,10 @@ def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target,
     mp = os.path.normpath(spec.filesystem.mountpoint)
     opts = mount_options(spec)
     host = p.env.host
-    unmounted = unmounted or host.realpath(mp) in {host.realpath(m) for m in p.released}
+    released = {host.realpath(m) for m in p.released}
+    unmounted = unmounted or host.realpath(mp) in released
     old_mp = entry.filesystem.mountpoint if entry else None
-    if entry and old_mp and old_mp != mp and old_mp not in p.released \
+    if entry and old_mp and old_mp != mp and host.realpath(old_mp) not in released \
             and blockdev.mount_at(host, old_mp):
         p.command(f"unmount {old_mp} (the spec moved {spec.name} to {mp})", ["umount", old_mp])
         old_uuid = entry.filesystem.uuid

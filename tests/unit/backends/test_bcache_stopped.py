@@ -140,3 +140,15 @@ def test_another_mount_namespace_holding_it_is_refused_naming_it(fake, monkeypat
         plan_restore(fake.env_)
     assert "other mount namespaces still hold" in str(err.value)
     assert "pid 77 (pause)" in str(err.value)
+
+
+def test_a_dead_mount_at_the_old_mountpoint_is_unmounted_once(fake):
+    """The spec moved the mountpoint since: the dead mount at the old one is unmounted by
+    the release, never a second time by the move."""
+    stopped_device(fake)
+    data = yaml.safe_load(fake.env_.state.read_text())
+    data["caches"]["c1"]["filesystem"]["mountpoint"] = "/mnt/old"
+    mapping.save(fake.env_.state, data)
+    fake.mount("/dev/bcache0", "/mnt/old", "noatime")
+    unmounts = [s for s in plan(fake, "bcache") if s[:1] == ["umount"]]
+    assert unmounts == [["umount", "/mnt/old"]]
