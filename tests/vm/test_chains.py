@@ -1,7 +1,7 @@
-"""How the guest tier splits its backend cases between boot chains, checked on the host
-without a guest: pytest's own collection, with each chain's -k expression, shares the
-listed cases out so that each runs in exactly one chain; a merged report names a case
-that two chains both ran."""
+"""How the guest tier splits its cases between boot chains, checked on the host without a
+guest: pytest's own collection, with each chain's -k expression, shares the listed cases
+out so that each runs in exactly one chain; a merged report names a case that two chains
+both ran."""
 
 from __future__ import annotations
 
@@ -12,11 +12,14 @@ import test_guest_kernel as tier
 import vmboot
 
 
-def collected(expression: str) -> set[str]:
-    """The guest backend and reboot cases that `pytest -k expression` selects."""
+BACKEND_MODULES = ("tests/vm/guest/guest_backends.py", "tests/vm/guest/guest_reboot.py")
+
+
+def collected(expression: str, modules=BACKEND_MODULES) -> set[str]:
+    """The guest cases of `modules` that `pytest -k expression` selects."""
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-         "-k", expression, "tests/vm/guest/guest_backends.py", "tests/vm/guest/guest_reboot.py"],
+         "-k", expression, *modules],
         cwd=vmboot.REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     return {line.rsplit("/", 1)[-1] for line in done.stdout.splitlines() if "::" in line}
@@ -31,6 +34,17 @@ def test_every_backend_case_runs_in_exactly_one_chain():
     # the power cut is checked in the chain whose first boot ends in it
     (cut,) = [c for c, (_, then) in tier.BACKEND_CHAINS.items() if then == "powercut.py"]
     assert "guest_reboot.py::test_hot_copies_survive_the_power_cut" in shares[cut]
+
+
+def test_every_safety_case_of_the_first_boot_runs_in_exactly_one_chain():
+    faults = collected(tier.SAFETY_FAULTS, ("tests/vm/guest/guest_safety.py",))
+    rest = collected(f"not ({tier.SAFETY_FAULTS})", ("tests/vm/guest/guest_safety.py",))
+    listed = {case for case in tier.SAFETY_IDS if case.startswith("guest_safety.py::")}
+    assert faults and rest and not faults & rest, (faults, rest)
+    assert faults | rest == listed, sorted((faults | rest) ^ listed)
+    # the reboot checks what the fail-over case left: it stays in the chain that reboots
+    assert "guest_safety.py::test_failover_keeps_the_filesystem_mounted_and_readers_reading" \
+        in rest
 
 
 def test_a_case_two_chains_ran_is_named():

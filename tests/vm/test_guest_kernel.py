@@ -2,12 +2,12 @@
 with virtio disks (an "SSD", an "HDD", ...), run the guest tests inside it with the
 project's venv, and report every guest case here, one host test each.
 
-Three chains of two boots each, side by side, each on fresh sparse images of its own:
+Four chains of boots, side by side, each on fresh sparse images of its own:
 - the backends: guest/guest_backends.py, then a reboot into guest/guest_reboot.py. Its
   cases run in two chains: lvmcache's (the slowest) in one, bcache's, dm-cache's and the
   power cut during hot copies (guest/powercut.py, after the first boot) in the other;
 - storage safety: guest/guest_safety.py, then guest/guest_safety_reboot.py with the disks
-  in another order.
+  in another order; its fault cases, which need no reboot, in a chain of one boot.
 A guest that cannot boot fails these tests; it never skips them.
 """
 
@@ -100,19 +100,38 @@ def backend_boots(work: Path, cases: str, then: str = "") -> dict:
     for name, mib in (("ssd", SSD_MIB), ("hdd", HDD_MIB)):
         with open(work / f"{name}.img", "wb") as f:
             f.truncate(mib * 2**20)
-    return run_boots(work, [("guest_backends.py", "boot1.xml", then, None),
-                            ("guest_reboot.py", "boot2.xml", "", None)], cases)
+    return run_boots(work, [("guest_backends.py", "boot1.xml", then, None, cases),
+                            ("guest_reboot.py", "boot2.xml", "", None, cases)])
 
 
-def safety_boots(work: Path) -> dict:
-    """Four disks (ssd, hdd, ssd2, a bystander), in another order the second time so that
-    kernel names move."""
+# Storage safety's cases that fail a device and clean up after themselves in one boot:
+# a chain of their own, one boot, so that the safety chain's two boots are not the
+# tier's long pole. (The fail-over case stays: the reboot checks what it left.)
+SAFETY_FAULTS = "failing_during_teardown or failed_ssd_named or failed_writeback"
+
+
+def safety_images(work: Path) -> None:
+    """Four disks: ssd, hdd, ssd2, a bystander."""
     for name, mib in (("ssd", SSD_MIB), ("hdd", HDD_MIB), ("by", BYSTANDER_MIB),
                       ("ssd2", SSD2_MIB)):
         with open(work / f"{name}.img", "wb") as f:
             f.truncate(mib * 2**20)
-    return run_boots(work, [("guest_safety.py", "safety1.xml", "", SAFETY_ORDERS[0]),
-                            ("guest_safety_reboot.py", "safety2.xml", "", SAFETY_ORDERS[1])])
+
+
+def safety_boots(work: Path) -> dict:
+    """Storage safety but its fault cases, on four disks given in another order the
+    second time, so that kernel names move."""
+    safety_images(work)
+    return run_boots(work, [
+        ("guest_safety.py", "safety1.xml", "", SAFETY_ORDERS[0], f"not ({SAFETY_FAULTS})"),
+        ("guest_safety_reboot.py", "safety2.xml", "", SAFETY_ORDERS[1], "")])
+
+
+def fault_boot(work: Path) -> dict:
+    """Storage safety's fault cases, one boot on disks of their own."""
+    safety_images(work)
+    return run_boots(work, [("guest_safety.py", "faults.xml", "", SAFETY_ORDERS[0],
+                             SAFETY_FAULTS)])
 
 
 # The backends' cases in two chains: lvmcache's (its parametrized cases and those named
@@ -123,7 +142,7 @@ BACKEND_CHAINS = {"backends": ("not lvmcache", "powercut.py"), "lvmcache": ("lvm
 # The chains behind each session fixture, one worker thread each.
 CHAINS = {"guest": {chain: functools.partial(backend_boots, cases=cases, then=then)
                     for chain, (cases, then) in BACKEND_CHAINS.items()},
-          "safety_guest": {"safety": safety_boots}}
+          "safety_guest": {"safety": safety_boots, "faults": fault_boot}}
 # Boot chains started when collection ends (tests/vm/conftest.py), so that the guests
 # boot while the host tiers run: each is mostly one busy thread, and the session then
 # waits for the slowest of them rather than for their sum.
@@ -177,11 +196,13 @@ def safety_guest(tmp_path_factory):
     return chains("safety_guest", tmp_path_factory)
 
 
-def run_boots(work: Path, boots, cases: str = "") -> dict:
+def run_boots(work: Path, boots) -> dict:
+    """`boots`: (guest module, report, script after it, disks, -k expression) each, in
+    order; a boot that produced no report ends the chain."""
     found: dict[str, str | None] = {}
     problems = []
     tail = ""
-    for module, report, then, disks in boots:
+    for module, report, then, disks, cases in boots:
         rc, console = boot(work, module, report, then, disks, cases)
         xml = work / "out" / report
         if not xml.exists():
