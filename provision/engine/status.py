@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ class Code(StrEnum):
     STATS_UNREADABLE = "STATS_UNREADABLE"     # the backend's statistics could not be read
     CACHE_FAILED = "CACHE_FAILED"             # the kernel reports the cache device failed
     ORIGIN_WITHOUT_CACHE = "ORIGIN_WITHOUT_CACHE"  # the bare origin is mounted, not the cache
+    FILESYSTEM_SHUT_DOWN = "FILESYSTEM_SHUT_DOWN"  # mounted, but every access fails (EIO)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,11 @@ def _mount(host: Host, entry: CacheEntry, failed: CacheFailure | None,
     if not facts["noatime"]:
         found.add(Code.NO_NOATIME, f"{mp} is mounted without noatime (every read "
                   "writes); run `hotcache apply` to remount it")
+    if _shut_down(mp):
+        found.add(Code.FILESYSTEM_SHUT_DOWN,
+                  f"the filesystem on {mp} shut down after I/O errors (XFS does so when a "
+                  "metadata write fails; `dmesg` says why): every read and write there "
+                  "fails until it is mounted again")
     missing = [o for o in fs.options or [] if o not in mount.options and o != "noatime"]
     if missing:
         found.add(Code.MOUNT_OPTIONS_MISSING, f"{mp} is mounted without {','.join(missing)}")
@@ -122,6 +129,18 @@ def _mount(host: Host, entry: CacheEntry, failed: CacheFailure | None,
     facts["free_bytes"] = st.f_bavail * st.f_frsize
     facts["used_bytes"] = (st.f_blocks - st.f_bfree) * st.f_frsize
     return facts
+
+
+def _shut_down(mp: str) -> bool:
+    """Whether the filesystem mounted at `mp` answers every access with EIO: a shut-down
+    XFS refuses even to open its root, which is always in memory, so this never waits
+    on a failed device."""
+    try:
+        fd = os.open(mp, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        return exc.errno == errno.EIO
+    os.close(fd)
+    return False
 
 
 def _bare_origin(host: Host, entry: CacheEntry, origin: DeviceSeen | None,

@@ -85,6 +85,10 @@ ADVICE: dict[str, str] = {
                                 "`hotcache restore {name}` loads the cache and mounts it "
                                 "(hotcache's fstab line waits for the restore; `mount -a` "
                                 "and rescue systems do not)",
+    Drift.FILESYSTEM_SHUT_DOWN: "stop what reads or writes under {name}'s mountpoint, then "
+                                "`umount {mountpoint} && mount {mountpoint}` mounts it again "
+                                "(XFS replays its journal); where the cache failed, its own "
+                                "fix comes first",
     Drift.CACHE_FAILED: "the SSD under {name} failed; what is not dirty is on the origin. "
                         "`hotcache teardown {name} --cache-failed` takes the cache apart "
                         "without its SSD and leaves the origin with its filesystem (with "
@@ -370,7 +374,8 @@ def check_drift(rows: dict[str, StatusRow]) -> list[Finding]:
             out.append(Finding("drift", OK, name, f"{name} matches the mapping"))
         for problem in row["findings"]:
             out.append(Finding.coded("drift", PROBLEM, name, f"{name}: {problem['message']}",
-                                     problem["code"], name=name))
+                                     problem["code"], name=name,
+                                     mountpoint=row["mountpoint"]))
     return out
 
 

@@ -80,11 +80,15 @@ def cache_label(cache: str) -> str:
     return f"{PREFIX}/cache-{slug(cache, limit=50)}"
 
 
+# Findings that make a mounted cache unfit to serve: the bare origin of a block cache
+# serves and takes writes the cache does not see; a shut-down filesystem serves nothing.
+NOT_SERVING = {"ORIGIN_WITHOUT_CACHE", "FILESYSTEM_SHUT_DOWN"}
+
+
 def is_up(row: StatusRow) -> bool:
-    """Up: mounted, built, and mounted from its cache (never the bare origin of a block
-    cache, which would serve or take writes the cache does not see)."""
+    """Up: mounted, built, from its cache, and answering."""
     return row["mounted"] and row["state"] == "ready" and \
-        "ORIGIN_WITHOUT_CACHE" not in [f["code"] for f in row.get("findings", [])]
+        not NOT_SERVING & {f["code"] for f in row.get("findings", [])}
 
 
 def verified_copies(rows: list[StatusRow], caches: dict) -> list[dict]:
