@@ -250,7 +250,7 @@ def guest(args) -> int:
         if backend == "bcache":
             passes += [goal_pass(backend, data, devices), read_pass(data, devices)]
         else:
-            from hotcache.provision.observe.warm import warm
+            from hotcache.provision.tend.warm import warm
 
             tw = time.monotonic()
             report = warm(data, state=persist / "m.yaml", max_passes=args.max_warm)

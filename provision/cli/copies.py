@@ -200,7 +200,7 @@ def warm(
     With --order FILE: read the cold part of the next epoch ahead, in the order training
     will read it (e.g. `hotcache warm /data/ds --order /run/train/next-epoch.txt`
     beside the training job)."""
-    from hotcache.provision.observe.warm import warm as do_warm
+    from hotcache.provision.tend.warm import warm as do_warm
 
     meter = _meter(metrics_dir, "warm", path)
     try:

@@ -1,5 +1,5 @@
 """`hotcache failover`: switch a cache whose SSD failed to its origin, under the mounted
-filesystem (observe/failover.py); `--watch` is what hotcache-failover.service runs."""
+filesystem (tend/failover.py); `--watch` is what hotcache-failover.service runs."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def failover(
     from hotcache.provision.block.host import Host
     from hotcache.provision.errors import ExitCode
     from hotcache.provision.mapping import state_path
-    from hotcache.provision.observe.failover import Watcher
+    from hotcache.provision.tend.failover import Watcher
     from hotcache.provision.system.runner import Runner
 
     need_root("failover")

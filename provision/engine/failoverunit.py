@@ -1,6 +1,6 @@
 """The fail-over watcher's systemd service, which apply installs beside the restore
 units when a cache's backend can fail over to its origin (`Backend.failover_device`):
-one service for the host, running `hotcache failover --watch` (observe/failover.py),
+one service for the host, running `hotcache failover --watch` (tend/failover.py),
 started at boot once the local filesystems (and so every restore unit) are up, and
 restarted if it ever stops. Its file goes to HOTCACHE_UNIT_DIR like the restore units."""
 

@@ -1,5 +1,5 @@
 """A cache running on its origin since its SSD failed (the watcher switched it in place,
-observe/failover.py; the mapping records `on_origin`).
+tend/failover.py; the mapping records `on_origin`).
 
 - What status, doctor and the metrics say of it: "running on the origin since <time>:
   cache failed (<the kernel's words>)", with no dirty data at risk (the switch happens

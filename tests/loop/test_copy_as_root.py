@@ -336,7 +336,7 @@ def test_the_hot_tier_is_mounted_nosuid_nodev_unless_the_spec_says_otherwise(san
 def test_warm_reads_nothing_through_a_folder_swapped_for_a_symlink(shared, user, monkeypatch):
     """After warm listed the files, the user swaps a folder for a symlink to a root folder
     holding a large file under the same name: warm reads none of it."""
-    from hotcache.provision.observe import warm
+    from hotcache.provision.tend import warm
 
     mnt, src, victim = shared
     dest = mnt / "copy"

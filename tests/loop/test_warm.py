@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import hotcache.provision.observe.warm as w
-from hotcache.provision.observe.warm import warm
+import hotcache.provision.tend.warm as w
+from hotcache.provision.tend.warm import warm
 from hotcache.provision.errors import ExitCode
 from tests.helpers import hotcache, hotcache_json
 from tests.loop.test_copy_xfs import small_xfs

@@ -178,7 +178,7 @@ def test_torch_writes_each_next_epochs_cold_order_for_warm(tiers, tmp_path):
     the next one: exactly the cold files, in the order the loader then delivers them,
     relative to the cold root, which `warm --order` reads."""
     from hotcache.adapters import make_loader
-    from hotcache.provision.observe.warm import warm
+    from hotcache.provision.tend.warm import warm
 
     hot, cold, members, expected = tiers
     order = tmp_path / "next-epoch.txt"

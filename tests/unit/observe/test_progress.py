@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hotcache.provision.hotcopy import copier
 from hotcache.provision.hotcopy.copier import CopyOptions, copy
 from hotcache.provision.observe import progress
-from hotcache.provision.observe.warm import warm
+from hotcache.provision.tend.warm import warm
 from hotcache.provision.system.meter import NullMeter
 from tests.helpers import hotcache
 from tests.unit.hotcopy.test_copy import make_dataset

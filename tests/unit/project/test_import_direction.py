@@ -1,12 +1,14 @@
 """Imports run one way (ARCHITECTURE.md), read from the source with ast: every import,
 at the top of a module or inside a function, counts.
 
-    cli -> observe -> engine -> hotcopy -> backends -> plan, mapping, records -> block -> system
+    cli -> observe -> engine -> tend -> hotcopy -> backends -> plan, mapping, records -> block -> system
     errors.py is a leaf; adapters import only hotcopy/format.py, system/mountinfo.py and
     errors.py of provision; provision never imports adapters.
 
 observe (reports and exporters: status's views, metrics, labels, Slurm) reads what the
 engine builds and knows; the engine never imports observe, and hotcopy neither of them.
+tend (what hotcache does to running caches on its own: warm, fail-over) acts through the
+backends and the hot copies' catalog, and needs neither the engine nor observe.
 Within one layer a module may import another of the same layer; no cycle may form.
 Imports under `if TYPE_CHECKING:` count too: an annotation that reaches up ties the
 lower layer to the upper one as surely as a runtime import.
@@ -23,7 +25,7 @@ PACKAGES = {"hotcache.provision": ROOT / "provision", "hotcache.adapters": ROOT 
 # Lower number = lower layer. A module may import its own layer or any lower one.
 LAYERS = {
     "errors": 0, "system": 1, "block": 2, "plan": 3, "mapping": 3, "records": 3, "backends": 4,
-    "hotcopy": 5, "engine": 6, "observe": 7, "cli": 8,
+    "hotcopy": 5, "tend": 6, "engine": 7, "observe": 8, "cli": 9,
 }
 # What the adapters may use of provision: standard-library modules only.
 ADAPTER_MAY_IMPORT = {"hotcache.provision", "hotcache.provision.errors",
@@ -133,10 +135,12 @@ def test_no_import_cycles():
 
 def test_the_engine_importing_observe_is_against_the_direction():
     g = {"hotcache.provision.engine.status": {"hotcache.provision.observe.metrics"},
-         "hotcache.provision.hotcopy.copier": {"hotcache.provision.engine.apply"}}
+         "hotcache.provision.hotcopy.copier": {"hotcache.provision.engine.apply"},
+         "hotcache.provision.tend.warm": {"hotcache.provision.observe.progress"}}
     bad = wrong_way(g)
     assert any("engine.status -> hotcache.provision.observe.metrics" in b for b in bad)
     assert any("hotcopy.copier -> hotcache.provision.engine.apply" in b for b in bad)
+    assert any("tend.warm -> hotcache.provision.observe.progress" in b for b in bad)
 
 
 def test_the_checker_sees_a_wrong_way_import_and_a_cycle():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hotcache.provision.observe.warm import (FOCUS_SHARE, _epoch_pass_due, _focus_due,
+from hotcache.provision.tend.warm import (FOCUS_SHARE, _epoch_pass_due, _focus_due,
                                              _pass_label, _stop_reason)
 
 MIB = 1 << 20

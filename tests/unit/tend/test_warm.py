@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hotcache.provision.observe import warm as w
+from hotcache.provision.tend import warm as w
 
 MIB = 1 << 20
 

@@ -14,7 +14,7 @@ from hotcache.provision.backends.parts import failover
 from hotcache.provision.block.host import Host
 from hotcache.provision.engine import status
 from hotcache.provision.engine.restore import plan_restore
-from hotcache.provision.observe.failover import BoundedReads, Watcher
+from hotcache.provision.tend.failover import BoundedReads, Watcher
 from hotcache.provision.observe.metrics import registry_for
 from hotcache.provision.system.runner import Result, Runner
 
