@@ -56,6 +56,8 @@ class Backend:
     min_bytes: ClassVar[int] = 64 * 2**20       # the smallest device it accepts
     fails_over: ClassVar[bool] = False          # a failed SSD is switched to the origin in
     #                                             place (failover_device; the watcher unit)
+    attaches_on_origin: ClassVar[bool] = False  # after that switch, `build` attaches a new
+    #                                             SSD under the mounted filesystem
 
     @classmethod
     def default_mode(cls) -> str:

@@ -89,6 +89,7 @@ class DmCache(Backend):
     modules = ("dm-cache", "dm-cache-smq")
     promotes_gradually = True   # smq
     fails_over = True           # its top dm device is switched to the origin in place
+    attaches_on_origin = True   # ... and a new SSD's cache table loaded in its place
     programs = ("dmsetup", "cache_metadata_size", "mkfs.xfs", "dd", "wipefs")
 
     def owns(self, entry: CacheEntry | None, dev: Device) -> bool:
@@ -164,13 +165,22 @@ class DmCache(Backend):
                           spec.effective_mode, [], str(spec.tunables.get("policy", "smq")),
                           _policy_args(spec.tunables))
         current = live_table(names["cache"], runner)
-        if current is None:
+        # The top device switched to a linear mapping of the origin after the SSD failed
+        # (parts/failover.py), the filesystem still mounted on it: a new SSD is attached
+        # under it by loading a cache table in its place, as the switch loaded the linear.
+        online = current is not None and self._on_origin(current, origin)
+        if current is None or online:
             if fresh:
                 p.command(f"erase old signatures on the cache device {cache.ref.label}",
                       ["wipefs", "--all", cache.node], destructive=True)
                 self._write_header(p, spec.name, cache.node)
             for part, start, length in (("meta", head, meta), ("data", head + meta, data)):
-                if live_table(names[part], runner) is None:
+                if online and fresh and live_table(names[part], runner) is not None:
+                    # the failed SSD's map, which the linear top no longer uses; --force
+                    # swaps in the error target, so nothing waits on that SSD
+                    p.command(f"remove the failed SSD's cache {part} mapping",
+                              ["dmsetup", "remove", "--force", "--retry", names[part]])
+                if live_table(names[part], runner) is None or (online and fresh):
                     table = _text(p, f"dm-{part}:{spec.name}",
                                   lambda n, s=start, size=length: f"0 {size} linear {n} {s}",
                                   cache.node)
@@ -183,9 +193,17 @@ class DmCache(Backend):
                        "count=1", "oflag=direct"], destructive=True)
             table = _text(p, f"dm-cache:{spec.name}",
                           lambda n: dataclasses.replace(want, origin=n).render(), origin.node)
-            p.command(f"create the cache device ({spec.effective_mode}, policy {want.policy}, "
-                  f"{want.block * 512 // 1024} KiB blocks)",
-                  ["dmsetup", "create", names["cache"], "--table", table])
+            if online:
+                p.command(f"load a cache table ({spec.effective_mode}, policy {want.policy}, "
+                          f"{want.block * 512 // 1024} KiB blocks) in place of the linear "
+                          "mapping of the origin", ["dmsetup", "reload", names["cache"],
+                                                    "--table", table])
+                p.command("switch to it under the mounted filesystem (no unmount)",
+                          ["dmsetup", "resume", names["cache"]])
+            else:
+                p.command(f"create the cache device ({spec.effective_mode}, policy "
+                          f"{want.policy}, {want.block * 512 // 1024} KiB blocks)",
+                          ["dmsetup", "create", names["cache"], "--table", table])
         else:
             live = parse_table(current)
             if (live.mode, live.policy, live.policy_args) != (want.mode, want.policy,
@@ -202,6 +220,15 @@ class DmCache(Backend):
                            lambda ctx: {**geo, "names": names,
                                         "table": want.render().replace("ORIGIN", "<origin>")})
         return f"/dev/mapper/{names['cache']}"
+
+    def _on_origin(self, table: str, origin: Device) -> bool:
+        """Whether the loaded `table` is the whole origin mapped linearly, as the fail-over
+        leaves a cache whose SSD failed."""
+        f = table.split()
+        if len(f) != 5 or f[2] != "linear" or f[4] != "0" or not isinstance(origin.node, str):
+            return False
+        return f[1] == str(origin.size // 512) and f[3] in (self.host.devnum(origin.node),
+                                                             origin.node)
 
     def _write_header(self, p: Planner, cache: str, node: str | Ref) -> None:
         """hotcache's header in the first 4 KiB of the SSD, with a UUID drawn when it runs

@@ -23,7 +23,7 @@ from hotcache.provision.block import blockdev, busy, header, identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import BACKENDS, get as get_backend
-from hotcache.provision.errors import KernelUnsupported, ProbeFailed, RefusedError
+from hotcache.provision.errors import HotcacheError, KernelUnsupported, ProbeFailed, RefusedError
 from hotcache.provision.engine import failoverunit, images, owners, reattach, recheck
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
 from hotcache.provision.records import (STATES, BackendState, CacheEntry, DeviceRecord,
@@ -401,6 +401,16 @@ def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
         # A cache whose failed SSD a teardown took off: a new SSD is attached to the
         # filesystem its origin kept (the record seeds a first build that formats nothing).
         waiting = None if restoring else reattach.detached(state).get(cache.name)
+        if entry is not None and entry.on_origin is not None and not restoring:
+            # Switched to its origin when its SSD failed: the same, with the filesystem
+            # still mounted (on the switched device, or on the origin after a boot).
+            why = _new_ssd_refused(p, cache, entry)
+            if why:
+                refusals.append(why)
+                continue
+            waiting = reattach.seed(entry, get_backend(entry.backend, p.env.host)
+                                    .surviving_state(entry))
+            entry = None
         if waiting is not None and waiting.backend != cache.backend:
             refusals.append(f"{cache.name}: its origin kept the filesystem of a "
                             f"{waiting.backend} cache whose SSD failed; a {cache.backend} "
@@ -421,6 +431,28 @@ def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
         raise RefusedError("refusing to apply this spec:\n" + "\n".join(f"  {r}" for r in refusals),
                            hint="nothing was changed; fix the spec or the devices and retry")
     return plan
+
+
+def _new_ssd_refused(p: Planner, spec: CacheSpec, entry: CacheEntry) -> str | None:
+    """Why a cache running on its origin since its SSD failed cannot take the SSD the
+    spec names: the spec still names the failed one, or the backend cannot attach a new
+    SSD until the failed cache is taken off (None: it can)."""
+    host = p.env.host
+    if not get_backend(entry.backend, host).attaches_on_origin:
+        return (f"{spec.name}: it runs on its origin since its SSD failed, and "
+                f"{entry.backend} takes the failed cache off only with the filesystem "
+                f"unmounted: `hotcache teardown {spec.name} --cache-failed` does that, "
+                "then `hotcache apply SPEC` attaches the new SSD")
+    try:
+        failed = recorded.locate(entry, "cache", host).node
+    except (OSError, HotcacheError):
+        failed = None   # a dead SSD that cannot be probed: the spec's device is probed next
+    named = spec.devices().get("cache")
+    if failed is not None and named is not None and failed == _named_now(host, named):
+        return (f"{spec.name}.cache ({named.label}): that is the SSD that failed "
+                f"({failed}); {spec.name} runs on its origin. Name a new SSD as the cache "
+                "device, then apply again")
+    return None
 
 
 def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
@@ -721,7 +753,9 @@ def _write_entry(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunCon
     with mapping.editing(env.state) as data:
         for image in loop_files:
             images.forget(data, image)          # in a cache again: no longer just kept
-        old = data["caches"].get(spec.name) or seed
+        old = data["caches"].get(spec.name)
+        if old is None or (seed is not None and old.on_origin is not None):
+            old = seed      # a failed cache's record gives way to what survives of it
         if reattached and state == EntryState.READY:
             reattach.forget(data, spec.name)
         data["caches"][spec.name] = CacheEntry(

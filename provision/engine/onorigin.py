@@ -42,7 +42,8 @@ def failure(entry: CacheEntry) -> CacheFailure | None:
     info = entry.devices.get("cache")
     path = (next(iter(info.by_id or []), None) or info.path or info.node) if info else None
     return {"device": path, "kernel": entry.on_origin.said, "dirty_bytes": 0,
-            "message": f"{said}; no dirty data at risk: every write reached the origin"}
+            "message": f"{said}; no dirty data at risk: every write reached the origin",
+            "on_origin_since": entry.on_origin.since}
 
 
 DEVICE_WAIT = 60.0
@@ -74,5 +75,5 @@ def plan_restore(env, name: str, entry: CacheEntry, plan: Plan) -> None:
     p.command(f"mount {name} on {mp} from its origin ({message(entry)})",
               ["mount", "-t", FSTYPE, "-o", ",".join(opts), left, mp])
     plan.notes.append(f"{name}: {message(entry)}. The failed SSD is never used again: "
-                      f"`hotcache teardown {name} --cache-failed`, then a new SSD named in "
-                      "its spec and `hotcache apply SPEC`, attaches a new cache")
+                      f"name a new SSD in {name}'s spec and `hotcache apply SPEC` attaches "
+                      "a new cache to this filesystem")

@@ -18,11 +18,22 @@ KEY = "detached"
 
 def record(data: dict, name: str, entry: CacheEntry, backend_state: dict) -> None:
     """Note in the mapping `data` that `name` lost its SSD and kept its origin."""
+    data.setdefault(KEY, {})[name] = _surviving(entry, backend_state)
+
+
+def seed(entry: CacheEntry, backend_state: dict) -> CacheEntry:
+    """What a new SSD is attached to for a cache running on its origin since its SSD
+    failed: the record a teardown would leave, without the teardown."""
+    return CacheEntry.model_validate(_surviving(entry, backend_state))
+
+
+def _surviving(entry: CacheEntry, backend_state: dict) -> dict:
     body = entry.dump()
     body.update(state=EntryState.BUILDING.value, devices={"origin": entry.devices["origin"].dump()},
                 backend_state=backend_state)
     body.pop("cached_device", None)     # the cached device is gone with the cache
-    data.setdefault(KEY, {})[name] = body
+    body.pop("on_origin", None)         # the new cache runs on the new SSD
+    return body
 
 
 def detached(data: dict) -> dict[str, CacheEntry]:

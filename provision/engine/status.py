@@ -261,7 +261,8 @@ def cache_failure(entry: CacheEntry, host: Host,
     else:
         risk = f"{dirty / 2**20:.1f} MiB of dirty data at risk (written to the cache only)"
     return {"device": path, "kernel": "; ".join(said), "dirty_bytes": dirty,
-            "message": f"cache failed: {path}: {'; '.join(said)}; {risk}"}
+            "message": f"cache failed: {path}: {'; '.join(said)}; {risk}",
+            "on_origin_since": None}
 
 
 def working_set(row: RowFacts, entry: CacheEntry, before: CacheStats | None = None,

@@ -30,6 +30,7 @@ class CacheFailure(TypedDict):
     kernel: str                     # what was found, joined with "; "
     dirty_bytes: int | None         # written to the failed cache only; None: unknown
     message: str
+    on_origin_since: str | None     # switched to its origin then (the fail-over watcher)
 
 
 class FindingDoc(TypedDict):

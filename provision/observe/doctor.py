@@ -131,6 +131,14 @@ ADVICE: dict[str, str] = {
 }
 
 
+# The fix for CACHE_FAILED where the watcher switched the cache to its origin: nothing
+# is left to take apart there.
+ON_ORIGIN = ("{name} runs on its origin, every file intact. Name a new SSD as the cache "
+             "device in its spec and `hotcache apply SPEC` attaches a new cache to the "
+             "filesystem (dm-cache: under the mounted filesystem; lvmcache: run `hotcache "
+             "teardown {name} --cache-failed` first, which unmounts it)")
+
+
 def advice(code: str, **facts) -> str:
     return ADVICE[code].format(**facts)
 
@@ -372,10 +380,14 @@ def check_drift(rows: dict[str, StatusRow]) -> list[Finding]:
     for name, row in sorted(rows.items()):
         if row["ok"]:
             out.append(Finding("drift", OK, name, f"{name} matches the mapping"))
+        failed = row["cache_failed"]
+        moved = failed is not None and failed.get("on_origin_since") is not None
         for problem in row["findings"]:
-            out.append(Finding.coded("drift", PROBLEM, name, f"{name}: {problem['message']}",
-                                     problem["code"], name=name,
-                                     mountpoint=row["mountpoint"]))
+            code = problem["code"]
+            fix = ON_ORIGIN.format(name=name) if moved and code == Drift.CACHE_FAILED \
+                else advice(code, name=name, mountpoint=row["mountpoint"])
+            out.append(Finding("drift", PROBLEM, name, f"{name}: {problem['message']}", fix,
+                               code))
     return out
 
 

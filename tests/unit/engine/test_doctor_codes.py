@@ -56,9 +56,9 @@ def test_every_code_has_advice_and_nothing_else_does():
         assert doctor.ADVICE[code].strip(), code
 
 
-def test_every_drift_code_advice_needs_only_the_cache_name():
+def test_every_drift_code_advice_needs_only_the_cache_name_and_mountpoint():
     for code in Drift:
-        fix = doctor.advice(code, name="data")
+        fix = doctor.advice(code, name="data", mountpoint="/mnt/data")
         assert "hotcache" in fix or "umount" in fix, (code, fix)
 
 
