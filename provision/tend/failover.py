@@ -163,6 +163,15 @@ class Watcher:
         table, status, why = self.reads.read(device)
         decision = failover.decide(table, status, why=why)
         if decision.action == failover.ON_ORIGIN:
+            if entry.on_origin is None and act and table is not None:
+                # Linear, yet not recorded: a switch whose record was never written (a
+                # resume that answered too late). Recorded now, so that a boot restores
+                # the filesystem on the origin, never on the failed SSD.
+                since = now()
+                record(self.state_path, name, OnOrigin(
+                    since=since, said="found switched to its origin, the switch unrecorded",
+                    device=device, table=table))
+                return Outcome(name, device, Decision(failover.ON_ORIGIN, ""), since=since)
             said = entry.on_origin.said if entry.on_origin else ""
             return Outcome(name, device, Decision(failover.ON_ORIGIN, said), since=since)
         if decision.action != failover.SWITCH or not act:

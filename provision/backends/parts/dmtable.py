@@ -66,6 +66,10 @@ def failed(line: str) -> str | None:
         f = f[3:]
     if f and f[0] == "Fail":
         return "dm-cache reports Fail: the kernel stopped using the cache after I/O errors"
+    if f and f[0] == "Error":
+        # dm-cache prints this when it cannot read its own metadata for the status: the
+        # SSD fails I/O, and `Fail` follows once the kernel gives the cache up.
+        return "dm-cache reports Error: it cannot read its metadata on the SSD"
     try:
         st = parse_status(line)
     except (IndexError, ValueError):

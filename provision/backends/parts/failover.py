@@ -68,8 +68,8 @@ def decide(table: str | None, status: str | None, *, why: str = "") -> Decision:
     if status is None:
         return Decision(UNANSWERED, why or "`dmsetup status` gave no answer", mode=mode)
     line = " ".join(status.split()[3:]) if target(status) == "cache" else status.strip()
-    dirty: int | None = None        # `Fail` reports no counters
-    if line.split()[:1] != ["Fail"]:
+    dirty: int | None = None        # `Fail` and `Error` report no counters
+    if line.split()[:1] not in (["Fail"], ["Error"]):
         try:
             st = parse_status(status)
         except (IndexError, ValueError):
@@ -81,8 +81,8 @@ def decide(table: str | None, status: str | None, *, why: str = "") -> Decision:
     if said is None:
         return Decision(HEALTHY, "", line, mode, dirty)
     if dirty is None and mode in CLEAN_MODES:
-        # Fail reports no counts; in writethrough (or passthrough) every write reached
-        # the origin before it completed, so nothing is on the SSD only.
+        # Fail and Error report no counts; in writethrough (or passthrough) every write
+        # reached the origin before it completed, so nothing is on the SSD only.
         return Decision(SWITCH, said, line, mode, 0)
     if dirty == 0:
         return Decision(SWITCH, said, line, mode, 0)
@@ -108,6 +108,9 @@ class Switched:
 
 
 TIMEOUT = 30.0      # seconds each dmsetup call may take
+# The resume that swaps the tables returns only once the kernel has torn down the cache
+# table it replaced, which on a failing SSD can take long; the switch is done by then.
+RESUME_TIMEOUT = 120.0
 
 
 def switch(runner: Runner, name: str) -> Switched:
@@ -115,7 +118,8 @@ def switch(runner: Runner, name: str) -> Switched:
     if (checked again while it is suspended) every block is on the origin. The device
     is never left suspended: a failure after the suspend resumes what was loaded."""
     def dm(*args: str, check: bool = True) -> Result:
-        return runner.run(["dmsetup", *args], check=check, timeout=TIMEOUT)
+        return runner.run(["dmsetup", *args], check=check,
+                          timeout=RESUME_TIMEOUT if args[0] == "resume" else TIMEOUT)
 
     table = dm("table", name).stdout.strip()
     before = decide(table, dm("status", name).stdout)

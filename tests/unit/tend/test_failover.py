@@ -84,6 +84,19 @@ def test_a_status_that_did_not_answer_never_switches():
     assert d.action == failover.UNANSWERED and d.alarm and "did not answer" in d.said
 
 
+ERROR = "0 2097152 cache Error"     # dm-cache could not read its metadata for the status
+
+
+@pytest.mark.parametrize("mode, action", [("writethrough", failover.SWITCH),
+                                          ("writeback", failover.ALARM)])
+def test_error_is_a_failed_cache_like_fail(mode, action):
+    """`Error` (the metadata on the SSD cannot be read) comes before `Fail`, for seconds
+    or longer (seen in the guest kernel): a failed cache, never a line too odd to judge."""
+    d = failover.decide(TABLE.format(mode=mode), ERROR)
+    assert (d.action, d.dirty_bytes) == (action, 0 if action == failover.SWITCH else None)
+    assert d.said == "dm-cache reports Error: it cannot read its metadata on the SSD"
+
+
 def test_a_status_line_hotcache_cannot_read_never_switches():
     d = failover.decide(TABLE.format(mode="writethrough"), "0 2097152 cache 8 garbage")
     assert d.action == failover.UNANSWERED and "not one hotcache can read" in d.said
@@ -210,6 +223,34 @@ def test_the_watcher_switches_and_records_the_cache_on_its_origin(env):
     assert moved.said.startswith("dm-cache reports Fail") and moved.since == got.since
     assert said == [f"c1: running on the origin since {moved.since}: cache failed "
                     f"({moved.said})"]
+
+
+def test_a_switch_whose_resume_answered_too_late_is_recorded_on_the_next_pass(env):
+    """The kernel swapped the tables, but dmsetup resume was killed at its timeout: the
+    switch reports a failure and writes no record; the next pass finds the linear table
+    and records the cache on its origin, so a boot never loads the failed SSD."""
+    from hotcache.provision.errors import CommandFailed
+
+    save(env, c1=entry(spec=dict(SPEC, mode="writethrough")))
+    fake, said = dm(), []
+    resume = fake.run
+
+    def late(argv, **kw):
+        done = resume(argv, **kw)
+        if argv[1] == "resume" and fake.tables["hc-c1"] == LINEAR and not late.once:
+            late.once = True
+            raise CommandFailed(argv, -9, "timed out")
+        return done
+    late.once = False
+    fake.run = late
+    w = watcher(env, fake, said)
+    (got,) = w.check()
+    assert not got.switched.done and fake.tables["hc-c1"] == LINEAR
+    assert mapping.load(env.state)["caches"]["c1"].on_origin is None
+    (got,) = w.check()
+    moved = mapping.load(env.state)["caches"]["c1"].on_origin
+    assert moved is not None and moved.table == LINEAR and got.since == moved.since
+    assert said[-1].startswith(f"c1: running on the origin since {moved.since}"), said
 
 
 def test_the_watcher_raises_the_alarm_once_and_switches_nothing_with_dirty_data(env):

@@ -531,6 +531,10 @@ def test_failover_keeps_the_filesystem_mounted_and_readers_reading():
         stop.set()
         for t in readers:
             t.join(120)
+        # the watcher's line comes once its resume returns, which may be well after the
+        # switch (the kernel tears down the failed cache table first)
+        poll("the watcher to say where the cache runs",
+             lambda: "running on the origin since" in log.read_text(), timeout=300)
     finally:
         stop.set()
         watcher.terminate()
