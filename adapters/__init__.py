@@ -11,6 +11,7 @@ importing this package imports neither torch nor TensorFlow (nor typer, pyudev, 
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import TYPE_CHECKING
 
 from .dataroot import DataRoot, HotCopy, data_root
@@ -34,7 +35,5 @@ __all__ = ["DataRoot", "HotCopy", "data_root", "read_bytes", "BatchTimer", "Summ
 
 def __getattr__(name: str):
     if name in _LAZY:
-        from importlib import import_module
-
         return getattr(import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

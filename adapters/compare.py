@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from time import perf_counter, sleep
 
+from hotcache.provision.errors import ExitCode, HotcacheError
+
 from .dataroot import describe
+from .errors import DataRootError
 from .timing import BatchTimer, Summary
 
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
@@ -47,8 +51,6 @@ class Run:
 
 def drop_page_cache() -> None:
     """Write back dirty pages, then drop clean ones (root only): the next read hits the disk."""
-    import os
-
     os.sync()
     DROP_CACHES.write_text("3\n")
 
@@ -81,6 +83,7 @@ def build(loader: str, root: Path, *, batch_size: int, image_size: int, workers:
           seed: int = 0):
     """The adapter's loader over `root`, with the same settings whichever root it is."""
     size = (image_size, image_size)
+    # only the framework asked for: importing torch or TensorFlow takes seconds
     if loader == "torch":
         from .pytorch import make_loader
 
@@ -96,8 +99,6 @@ def run_root(label: str, root: str | Path, *, loader: str = "torch", batch_size:
              limit: int | None = None, drop_caches: bool = False) -> Run:
     info = describe(root, label)
     if not info.path.is_dir():
-        from .errors import DataRootError
-
         raise DataRootError(f"--{label} {root}: no such directory",
                             hint="give the dataset folder (class folders or TFRecord files)")
     batches = build(loader, info.path, batch_size=batch_size, image_size=image_size, workers=workers)
@@ -147,8 +148,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="drop the page cache before each run (needs root)")
     parser.add_argument("--json", action="store_true", help="print both runs as JSON")
     args = parser.parse_args(argv)
-    from hotcache.provision.errors import ExitCode, HotcacheError
-
     try:
         runs = [run_root(label, root, loader=args.loader, batch_size=args.batch_size,
                          image_size=args.image_size, workers=args.workers,

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -382,8 +383,6 @@ def current() -> DataRoot | None:
 def main() -> int:
     """`python -m hotcache.adapters`: log the line to stdout; exit 1 with the
     reason when DATA_ROOT is missing or not what DATA_ROOT_EXPECT asks."""
-    import sys
-
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     try:
         data_root()

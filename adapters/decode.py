@@ -103,7 +103,7 @@ def pillow_decode(path: str | os.PathLike | IO[bytes], size: tuple[int, int] | N
     first when `draft`: several times less work for nearly the same pixels). A file that
     cannot be decoded raises ImageDecodeError naming it (`name` when `path` is a file
     object)."""
-    from PIL import Image
+    from PIL import Image   # start-up: only where Pillow decodes; the cv2 path never loads it
 
     wh = (size[1], size[0]) if size else None    # Pillow counts (width, height)
     if not hasattr(path, "read"):

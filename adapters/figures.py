@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .dataroot import current
+
 
 @dataclass(slots=True)        # not frozen: a frozen init costs more, and this is built often
 class Summary:
@@ -69,8 +71,6 @@ NAMES = ("wait_p50_ms", "wait_p95_ms", "waiting_share", "hot_fraction")   # what
 
 def data_root_now() -> Any:
     """The data root this process resolved last (data_root()), or None."""
-    from .dataroot import current
-
     return current()
 
 

@@ -66,10 +66,11 @@ def open_writer(folder: str | os.PathLike) -> Any:
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"].summary.create_file_writer(os.fspath(folder))
     if "torch" in sys.modules:
+        # the writer of the framework already loaded: never load another one for it
         from torch.utils.tensorboard import SummaryWriter
 
         return SummaryWriter(os.fspath(folder))
-    try:
+    try:    # an optional package, loaded only when a TensorBoard folder is named
         from tensorboard.summary import Writer  # type: ignore[import-untyped,import-not-found,unused-ignore]
     except ImportError as exc:
         raise ImportError(f"tensorboard={folder}: writing TensorBoard event files without "
@@ -133,7 +134,7 @@ def sinks(tensorboard: Any = None, pushgateway: str | None = None) -> list[Sink]
     if pushgateway is None:
         pushgateway = os.environ.get(ENV_PUSHGATEWAY) or None
     if pushgateway:
-        from .pushgateway import publisher
+        from .pushgateway import publisher   # start-up: urllib.request only with a Pushgateway
 
         out.append(publisher(pushgateway))
     return out

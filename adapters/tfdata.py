@@ -14,6 +14,7 @@ tfcache), shuffle, batch, prefetch. Importing this module imports TensorFlow.
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from time import perf_counter
@@ -21,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from hotcache.provision.hotcopy.format import read_metadata
 
 from . import tfcache
 from .dataroot import data_root, hot_copy_at
@@ -44,8 +47,6 @@ def _dataset_version(root: Path, files: list[str]) -> dict:
     folder the listing with sizes and modification times."""
     copy = hot_copy_at(root)
     if copy.state in ("hot", "unverified") and copy.root is not None:
-        from hotcache.provision.hotcopy.format import read_metadata
-
         meta = read_metadata(Path(copy.root)) or {}
         return {"copy": copy.name, "version": copy.version, "copied_at": meta.get("copied_at"),
                 "files": meta.get("files"), "sub": str(root.relative_to(copy.root))}
@@ -310,8 +311,6 @@ class TierLog:
     after `batch`, and taken in the same order by the BatchTimer as it receives them."""
 
     def __init__(self):
-        from collections import deque
-
         self.counts: deque[tuple[int, int]] = deque(maxlen=1 << 16)
 
     def strip(self, ds: tf.data.Dataset) -> tf.data.Dataset:

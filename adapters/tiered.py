@@ -14,14 +14,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .errors import DataRootError, EmptyClassError
+from .imagefolder import Rule, list_image_folder
 from .retry import read_bytes
 from hotcache.provision.hotcopy.format import MANIFEST, RESERVED, read_manifest
-
-if TYPE_CHECKING:
-    from .imagefolder import Rule
 
 ENV_COLD = "DATA_COLD_ROOT"
 
@@ -82,8 +79,6 @@ def list_tiered(tiers: Tiers, rule: Rule) -> tuple[list[str], list[int], list[st
     """(relative paths, labels, class names) of the image folder made of both tiers: the
     cold root's files (listed by `rule`, the loader's framework's) plus any member the
     cold root lacks, classes numbered by name."""
-    from .imagefolder import list_image_folder
-
     by_class: dict[str, set[str]] = {}
     try:
         paths, labels, classes = list_image_folder(tiers.cold, rule)

@@ -24,14 +24,13 @@ import math
 import os
 from collections.abc import Callable, Iterable, Iterator
 from time import perf_counter, time
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .figures import Summary
 from .logs import log, mode, ready
+from . import publish
+from .publish import Sink
 from .standin import StandsIn
-
-if TYPE_CHECKING:
-    from .publish import Sink
 
 ENV_LOG = "HOTCACHE_TIMING_LOG"
 RANK_ENV = ("RANK", "LOCAL_RANK")     # torchrun's, Accelerate's and Lightning's
@@ -272,11 +271,9 @@ def timed(iterable: Iterable[T], *, name: str = "batches", log_every: int = 100,
 
 
 def publish_sinks(tensorboard: Any = None, pushgateway: str | None = None) -> list[Sink]:
-    """The sinks asked for by argument or environment; none loads publish.py's imports
-    unless one is asked for."""
+    """The sinks asked for by argument or environment; none loads a writer (TensorBoard's,
+    the Pushgateway's) unless one is asked for."""
     if tensorboard is None and pushgateway is None and not (
             os.environ.get("HOTCACHE_TENSORBOARD") or os.environ.get("HOTCACHE_PUSHGATEWAY")):
         return []
-    from .publish import sinks
-
-    return sinks(tensorboard, pushgateway)
+    return publish.sinks(tensorboard, pushgateway)

@@ -7,6 +7,9 @@ the code base chooses an exit code.
 
 from __future__ import annotations
 
+import errno
+import shlex
+
 
 class ExitCode:
     OK = 0
@@ -111,10 +114,8 @@ class CommandFailed(HotcacheError):
         self.argv = list(argv)
         self.returncode = returncode
         self.stderr = stderr.strip()
-        from shlex import join
-
         detail = self.stderr.splitlines()[-1] if self.stderr else "(no output)"
-        super().__init__(f"`{join(self.argv)}` exited {returncode}: {detail}")
+        super().__init__(f"`{shlex.join(self.argv)}` exited {returncode}: {detail}")
 
     def to_json(self) -> dict:
         return {**super().to_json(), "argv": self.argv, "returncode": self.returncode,
@@ -158,8 +159,6 @@ class OsFailure(HotcacheError):
 
     @classmethod
     def from_os_error(cls, exc: OSError) -> "OsFailure":
-        import errno
-
         name = errno.errorcode.get(exc.errno or 0)
         paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
         what = exc.strerror or str(exc)
@@ -209,10 +208,8 @@ class ProbeFailed(CommandFailed):
 
     def __init__(self, argv: list[str], returncode: int, stderr: str, why: str | None = None):
         super().__init__(argv, returncode, stderr)
-        from shlex import join
-
         detail = why or (self.stderr.splitlines()[-1] if self.stderr else "(no output)")
         HotcacheError.__init__(
-            self, f"probe `{join(self.argv)}` failed (exit {returncode}): {detail}; hotcache "
+            self, f"probe `{shlex.join(self.argv)}` failed (exit {returncode}): {detail}; hotcache "
                   "does not touch a device it cannot read",
             hint="run that command by hand to see why, fix it, and retry")

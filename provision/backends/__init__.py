@@ -8,16 +8,15 @@ from here. Adding one (Open CAS, say) is one module plus one entry below.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypedDict
+from typing import TypedDict
 
 from hotcache.provision.backends.base import Backend
 from hotcache.provision.backends.bcache import Bcache
 from hotcache.provision.backends.dmcache import DmCache
 from hotcache.provision.backends.lvmcache import LvmCache
 from hotcache.provision.backends.plain import Plain
-
-if TYPE_CHECKING:
-    from hotcache.provision.block.host import Host
+from hotcache.provision.block.host import Host
+from hotcache.provision.system.runner import PACKAGES
 
 BACKENDS: dict[str, type[Backend]] = {b.name: b for b in (Plain, Bcache, DmCache, LvmCache)}
 PLAIN = Plain.name      # the backend without a block cache: the filesystem on the SSD itself
@@ -30,7 +29,7 @@ def block_cache(name: str | None) -> bool:
     return backend is not None and backend.block_cache
 
 
-def get(name: str, host: "Host") -> Backend:
+def get(name: str, host: Host) -> Backend:
     """Backend `name` planning against `host`; KeyError if unknown."""
     return BACKENDS[name](host)
 
@@ -41,13 +40,10 @@ class BackendRow(TypedDict):
     why: str | None
 
 
-def backend_report(host: "Host | None" = None) -> list[BackendRow]:
+def backend_report(host: Host | None = None) -> list[BackendRow]:
     """Each registered backend, whether this host can run it (its kernel's features, the
     programs it needs), and why not, with the packages that bring what is missing
     (`hotcache devices --backends`, and apply's hint for a spec naming one it cannot)."""
-    from hotcache.provision.block.host import Host
-    from hotcache.provision.system.runner import PACKAGES
-
     host = host or Host()
     rows: list[BackendRow] = []
     for name in BACKENDS:

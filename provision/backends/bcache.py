@@ -20,7 +20,7 @@ from hotcache.provision.errors import (FlushIncomplete, HotcacheError, KernelUns
                                        RefusedError)
 from hotcache.provision.plan import Ref, RunContext
 from hotcache.provision.records import BcacheState, CacheEntry, EntryState
-from hotcache.provision.system.waits import flush_timeout, wait_until
+from hotcache.provision.system.waits import flush_timeout, wait_drained, wait_until
 from hotcache.provision.backends.parts import state
 from hotcache.provision.backends.base import Backend, Failure, Nodes, Signature, present_origin
 from hotcache.provision.backends.parts.stats import CacheStats
@@ -445,8 +445,6 @@ def detach(host: Host, origin_node: str, **wait: Any) -> None:
     """Detach the cache set, which makes bcache write every dirty block back first, and
     wait until the backing device says `no cache`. The device going away meanwhile (a
     failing origin stops it) is an error: the flush did not complete."""
-    from hotcache.provision.system.waits import wait_drained
-
     d = host.path(sb.bdev_dir(host, origin_node))
     running = d / "writeback_running"
     if running.exists() and _get(running) != "1":

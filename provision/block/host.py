@@ -95,7 +95,7 @@ class Host:
         know the device, and on a host under a folder, which has no udev."""
         if not self.real:
             return {}
-        import pyudev
+        import pyudev   # start-up: every command builds a Host, few ask udev (pyudev loads libudev)
 
         if self._udev is None:
             self._udev = pyudev.Context()

@@ -11,6 +11,7 @@ import sys
 
 
 def main() -> None:
+    # start-up: the TaskProlog never loads typer and the app (see the docstring)
     if sys.argv[1:3] == ["slurm", "task-prolog"]:
         from hotcache.provision.cli.prolog import fast
 
@@ -24,7 +25,7 @@ def main() -> None:
 
 def __getattr__(name: str):
     if name == "app":
-        from hotcache.provision.cli.app import app
+        from hotcache.provision.cli.app import app   # start-up: typer only when asked for
 
         return app
     raise AttributeError(name)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import typer
 from typer.exceptions import TyperException
 
+from hotcache.provision import __version__
 from hotcache.provision.cli import cache, commands, copies, failover, kube, observe, slurm
 from hotcache.provision.cli.common import emit
 from hotcache.provision.errors import (ExitCode, HotcacheError, Interrupted, OsFailure,
@@ -31,8 +32,6 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from hotcache.provision import __version__
-
         sys.stdout.write(f"hotcache {__version__}\n")
         raise typer.Exit(0)
 

@@ -10,6 +10,7 @@ import typer
 from hotcache.provision.cli.common import (DryRunOpt, FstabOpt, JsonOpt, StateOpt, YesOpt,
                                            carry_out, holding_state, make_env, need_root,
                                            refresh_index)
+from hotcache.provision.errors import HotcacheError
 
 
 def register(app: typer.Typer) -> None:
@@ -25,9 +26,9 @@ def restore(
     register bcache devices, activate LVs, write back the tunables the kernel forgot
     (sequential_cutoff, ...), and mount. It is what the unit `apply` installs runs at
     boot; running it on a healthy host changes nothing."""
+    # start-up: the engine and the mapping's pydantic models, for this command only
     from hotcache.provision.engine import restorelog
     from hotcache.provision.engine.restore import plan_restore, restored_names
-    from hotcache.provision.errors import HotcacheError
 
     need_root("restore")
     env = make_env(state, fstab, dry_run=dry_run)

@@ -18,6 +18,7 @@ from hotcache.provision.cli.common import (DryRunOpt, FstabOpt, JsonOpt, StateOp
 from hotcache.provision.errors import ExitCode, HotcacheError, UsageError
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.sizes import size
+from hotcache.provision.system.statepath import state_path
 
 if TYPE_CHECKING:
     from hotcache.provision.engine.statusrow import StatusRow
@@ -136,7 +137,7 @@ def status(
 ):
     """Compare the mapping with the host: device present, mounted, noatime, filesystem
     UUID, space used, cache statistics. Exits 5 when anything has drifted."""
-    from hotcache.provision.mapping import load, state_path  # slow to import; loaded only when used
+    from hotcache.provision.mapping import load  # slow to import; loaded only when used
 
     path = state_path(state and str(state))
     _refuse_whole_host_options(name, node_labels=node_labels, slurm_push=slurm_push)

@@ -19,6 +19,8 @@ from typing import Any, Mapping, Optional
 import typer
 
 from hotcache.provision.errors import NotRoot, RefusedError
+from hotcache.provision.system.runner import Runner
+from hotcache.provision.system.statepath import state_path
 
 JsonOpt = typer.Option(False, "--json", help="Print a JSON document instead of text.")
 StateOpt = typer.Option(None, "--state", envvar="HOTCACHE_STATE", show_envvar=True,
@@ -54,7 +56,7 @@ def emit(doc: Mapping[str, Any], kind: str | None) -> None:
 
 
 def console():
-    from rich.console import Console
+    from rich.console import Console   # start-up: rich only for what is printed with it
     # soft_wrap: a long path is never cut into two lines (piped output is 80 columns wide).
     return Console(highlight=False, soft_wrap=True)
 
@@ -78,6 +80,7 @@ def print_table(columns: Sequence[str], rows: Iterable[Sequence[Cell]]) -> None:
         out += ["\t".join(plain(cell) for cell in row) for row in rows]
         sys.stdout.write("\n".join(out) + "\n")
         return
+    # start-up: rich only for a table on a terminal
     from rich.table import Table
     from rich.text import Text
 
@@ -111,8 +114,7 @@ def preload(*modules: str) -> None:
 def refresh_index(state: Optional[Path], fstab: Optional[Path] = None) -> None:
     """Root: after a command that changed what is true, rewrite the verified-copies
     index that jobs and other accounts read (observe/verified_index.py)."""
-    from hotcache.provision.mapping import state_path
-    from hotcache.provision.observe.verified_index import refresh
+    from hotcache.provision.observe.verified_index import refresh   # start-up: root's commands only
 
     warning = refresh(state_path(state and str(state)), fstab)
     if warning:
@@ -125,10 +127,9 @@ def need_root(command: str, why: str | None = None, hint: str | None = None) -> 
 
 
 def make_env(state: Optional[Path], fstab_file: Optional[Path], dry_run: bool = False):
+    # start-up: the engine (pydantic) and fstab's writer, for the commands that plan
     from hotcache.provision.engine.apply import Env
     from hotcache.provision.system.fstab import fstab_path
-    from hotcache.provision.mapping import state_path
-    from hotcache.provision.system.runner import Runner
 
     return Env(Runner(dry_run=dry_run), state_path(state and str(state)),
                fstab_path(fstab_file and str(fstab_file)), preview=dry_run)
@@ -138,7 +139,7 @@ def make_env(state: Optional[Path], fstab_file: Optional[Path], dry_run: bool = 
 def holding_state(env, command: str):
     """One lock on the mapping from plan through confirmation to the last step (none for
     a dry run, which writes nothing, not even the lock file)."""
-    from hotcache.provision.mapping import holding
+    from hotcache.provision.mapping import holding   # start-up: the mapping's pydantic models
 
     if env.preview:
         yield
@@ -210,13 +211,13 @@ def carry_out(result, env, title: str, *, yes: bool, as_json: bool, done: str,
 
 
 def run_steps(result, env, quiet: bool) -> None:
-    from hotcache.provision.engine.apply import execute
+    from hotcache.provision.engine.apply import execute   # start-up: the engine, for plans only
 
     if quiet or not sys.stderr.isatty():
         return execute(result, env.runner)
-    from rich.progress import Progress
-
+    # start-up: rich only for the progress bar on a terminal
     from rich.console import Console
+    from rich.progress import Progress
 
     with Progress(transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task("applying", total=len(result.steps))

@@ -3,6 +3,7 @@ Parsing and presentation only; the work is in copier.py, verify.py, warm.py, cop
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -10,6 +11,9 @@ import typer
 
 from hotcache.provision.cli.common import (JobsOpt, JsonOpt, StateOpt, console, emit, preload,
                                            print_table, refresh_index)
+from hotcache.provision.errors import DriftError, ExitCode, UsageError
+from hotcache.provision.system.meter import for_terminal
+from hotcache.provision.system.sizes import size
 MetricsDirOpt = typer.Option(
     None, "--metrics-dir", envvar="HOTCACHE_METRICS_DIR", show_envvar=True, metavar="DIR",
     help="While running, publish bytes and files done and left as metrics in DIR (node_"
@@ -21,12 +25,10 @@ def _meter(metrics_dir: Optional[Path] = None, operation: str = "",
            path: Optional[Path] = None):
     """Progress on stderr, with --json too (stdout carries only the document): a bar on
     a terminal, a line per interval elsewhere; and as metrics while running."""
-    from hotcache.provision.system.meter import for_terminal
-
     meter = for_terminal()
     if not operation or path is None:
         return meter
-    from hotcache.provision.observe.progress import metrics_dir as where, wrap
+    from hotcache.provision.observe.progress import metrics_dir as where, wrap   # start-up: copy and warm only
 
     return wrap(meter, where(metrics_dir), operation, path)
 
@@ -97,7 +99,7 @@ def copy(
 
     Larger than the SSD: hotcache copy /data/in21k /mnt/hot/in21k --fit (or --budget 80%)
     """
-    from hotcache.provision.hotcopy.copier import CopyOptions, copy as do_copy, parse_rate
+    from hotcache.provision.hotcopy.copier import CopyOptions, copy as do_copy, parse_rate   # start-up: this command only
 
     opts = CopyOptions(include=list(include), exclude=list(exclude), list_file=list_file,
                        fraction=fraction, seed=seed, name=name, version=version, jobs=jobs,
@@ -116,8 +118,6 @@ def copy(
     c = console()
     if as_json:
         return emit(result, "copy")
-    from hotcache.provision.system.sizes import size
-
     if result.get("dry_run"):
         return c.print(f"dry run: would copy {result['copied_files']} files "
                        f"({size(result['copied_bytes'])}) to {dest} as {result['name']} version "
@@ -150,8 +150,7 @@ def verify(
 ):
     """Check a hot copy against its manifest; print each mismatch by path. Exits 5 when
     anything differs, and records the result (verified_at, verify_ok) in the copy."""
-    from hotcache.provision.errors import DriftError, ExitCode, UsageError
-    from hotcache.provision.hotcopy.verify import verify as do_verify
+    from hotcache.provision.hotcopy.verify import verify as do_verify   # start-up: this command only
 
     if sum([fast, sample is not None, full]) > 1:
         raise UsageError("give one of --fast, --sample N, --full")
@@ -200,7 +199,7 @@ def warm(
     With --order FILE: read the cold part of the next epoch ahead, in the order training
     will read it (e.g. `hotcache warm /data/ds --order /run/train/next-epoch.txt`
     beside the training job)."""
-    from hotcache.provision.tend.warm import warm as do_warm
+    from hotcache.provision.tend.warm import warm as do_warm   # start-up: this command only
 
     meter = _meter(metrics_dir, "warm", path)
     try:
@@ -211,8 +210,6 @@ def warm(
     c = console()
     if as_json:
         return emit(report, "warm")
-    from hotcache.provision.system.sizes import size
-
     last = report["passes"][-1]
     c.print(f"warmed {path}: {report['files']} files, {size(report['bytes'])}, "
             f"{len(report['passes'])} pass(es), last {last['mib_per_s']} MiB/s "
@@ -229,9 +226,7 @@ def copies(
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
 ):
     """List hot copies: name, version, path, files, bytes, last verified and state."""
-    from hotcache.provision.hotcopy.catalog import find
-
-    import os
+    from hotcache.provision.hotcopy.catalog import find   # start-up: the mapping's pydantic models
 
     rows = find([Path(os.path.abspath(r)) for r in roots or []], state)
     c = console()
@@ -239,8 +234,6 @@ def copies(
         return emit({"copies": rows}, "copies")
     if not rows:
         return c.print("no hot copies found; `hotcache copy SRC DEST` makes one")
-    from hotcache.provision.system.sizes import size
-
     print_table(("name", "version", "path", "files", "bytes", "last verified", "state"),
                 ((r["name"] or "-", r["version"] or "-", r["path"], str(r["files"] or "-"),
                   size(r["bytes"]), r["verified_at"] or "never", r["state"]) for r in rows))
@@ -272,12 +265,9 @@ def prune(
     --keep, abandoned staging folders, copies whose source is gone, and stale tf.data
     caches. Lists what it would delete and the bytes freed; --yes deletes exactly that.
     Anything a running process holds open is kept and named."""
-    import os
-
-    from hotcache.provision.errors import UsageError
+    # start-up: the mapping's pydantic models, for this command only
     from hotcache.provision.hotcopy import prune as p
     from hotcache.provision.hotcopy.catalog import drop_stale_asides, recorded_asides
-    from hotcache.provision.system.sizes import size
 
     yes = yes and not dry_run
     if tf_cache and keep_keys is None and older_than is None:

@@ -10,6 +10,9 @@ from typing import List, Optional
 import typer
 
 from hotcache.provision.cli.common import DryRunOpt, JsonOpt, StateOpt, emit, need_root
+from hotcache.provision.errors import ExitCode
+from hotcache.provision.system.runner import Runner
+from hotcache.provision.system.statepath import state_path
 
 
 def register(app: typer.Typer) -> None:
@@ -31,11 +34,9 @@ def failover(
     the filesystem stays mounted, reads go to the origin, and the mapping records it.
     With dirty data at risk nothing is switched: exit 9, and the choice stays with
     `hotcache teardown NAME --cache-failed --accept-loss`."""
+    # start-up: the watcher, the backends and the mapping's pydantic models, for this command only
     from hotcache.provision.block.host import Host
-    from hotcache.provision.errors import ExitCode
-    from hotcache.provision.mapping import state_path
     from hotcache.provision.tend.failover import Watcher
-    from hotcache.provision.system.runner import Runner
 
     need_root("failover")
     watcher = Watcher(state_path(state and str(state)), Host(Runner()),

@@ -11,6 +11,8 @@ from typing import Optional
 import typer
 
 from hotcache.provision.cli.common import FstabOpt, JsonOpt, StateOpt, emit
+from hotcache.provision.system.runner import Runner
+from hotcache.provision.system.statepath import state_path
 
 kube_app = typer.Typer(
     help="Send training jobs to the nodes that hold their hot data.\n\n"
@@ -23,9 +25,9 @@ kube_app = typer.Typer(
 
 
 def _host(state: Optional[Path], fstab: Optional[Path]):
+    # start-up: the host probe and the mapping's pydantic models, for these commands only
     from hotcache.provision.engine.status import host_status
-    from hotcache.provision.mapping import load, state_path
-    from hotcache.provision.system.runner import Runner
+    from hotcache.provision.mapping import load
 
     path = state_path(state and str(state))
     return host_status(path, fstab, Runner(), None), load(path)["caches"], path
@@ -47,13 +49,13 @@ def labels(
     `cache-<name>=<backend>` (plus `.mode`) for each cache that is up, under
     hotcache.feature.node.kubernetes.io/. A copy that fails verification or is
     removed is left out, so its label goes at the next refresh."""
-    from hotcache.provision.observe import nodelabels
+    from hotcache.provision.observe import nodelabels   # start-up: this command only
 
     rows, caches, _ = _host(state, fstab)
     found = nodelabels.labels(rows, caches)
     text = nodelabels.feature_file(found, expiry_seconds=expiry)
     if write is not None:
-        from hotcache.provision.system.atomic import write_atomic
+        from hotcache.provision.system.atomic import write_atomic   # start-up: with --write only
 
         write_atomic(write, text)
     if as_json:
@@ -96,7 +98,7 @@ def manifests(
     an example Job that requires the copy's node label, mounts it read-only at /data
     and sets DATA_ROOT=/data DATA_ROOT_EXPECT=hot. The Job's pod logs the data_root
     line (`hot=yes ...`); put the training command in its place."""
-    from hotcache.provision.observe import kube
+    from hotcache.provision.observe import kube   # start-up: this command only (and YAML)
 
     rows, caches, path = _host(state, fstab)
     docs = kube.manifests(rows, caches, node=node, dataset=dataset, namespace=namespace,

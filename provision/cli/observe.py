@@ -4,6 +4,7 @@ typer is imported here, the work is imported inside each command."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -11,6 +12,9 @@ import typer
 
 from hotcache.provision.cli.common import (DryRunOpt, FstabOpt, JsonOpt, StateOpt,
                                            UnitDirOpt, console, emit, need_root)
+from hotcache.provision.errors import ExitCode
+from hotcache.provision.system.runner import Runner
+from hotcache.provision.system.statepath import state_path
 
 
 def doctor(
@@ -29,11 +33,10 @@ def doctor(
     restore of bcache tunables and dm-cache tables, drift between the mapping and the
     devices, free space and verification of hot copies. Exits 9 when it finds a
     problem (warnings alone exit 0)."""
+    # start-up: doctor's probes, the metrics and fstab's writer, for this command only
     from hotcache.provision.observe.doctor import PROBLEM, WARNING, Options, report, run
-    from hotcache.provision.errors import ExitCode
-    from hotcache.provision.system.fstab import fstab_path
-    from hotcache.provision.mapping import state_path
     from hotcache.provision.observe.metrics import DEFAULT_UNIT_DIR
+    from hotcache.provision.system.fstab import fstab_path
 
     need_root("doctor", "probes block devices (their signatures, the caches' health)",
               hint="sudo hotcache doctor; without root, `hotcache status` shows what the "
@@ -83,18 +86,16 @@ def metrics_timer(
     every --interval, for node_exporter's textfile collector
     (--collector.textfile.directory), and with --node-labels the node labels that
     Kubernetes schedules on. The current --state and --fstab go into the service. Idempotent; --json reports {"changed": ...}."""
-    import sys
-
     check = check or dry_run
-
+    # start-up: the metrics (prometheus_client, the mapping's pydantic models), for this command only
     from hotcache.provision.observe.metrics import DEFAULT_TEXTFILE, DEFAULT_UNIT_DIR, install_timer, timer_units
-    from hotcache.provision.system.runner import Runner
 
     if not check:
         need_root("metrics-timer")
     units = None
     if not remove:
-        # The hotcache next to this interpreter: the venv the role installed.
+        # The hotcache next to this interpreter: the venv the role installed (imported
+        # here, as the metrics above, to keep the engine out of start-up).
         from hotcache.provision.engine.bootunit import hotcache_program
 
         env = {k: str(Path(v).absolute()) for k, v in

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import sys
 
+from hotcache.provision.observe.slurm import run_task_prolog
+
 
 def options(args: list[str]) -> dict[str, str] | None:
     """--state/--fstab, as `--state X` or `--state=X`; None for anything else."""
@@ -32,8 +34,6 @@ def fast(args: list[str]) -> int | None:
     opts = options(args)
     if opts is None:
         return None
-    from hotcache.provision.observe.slurm import run_task_prolog
-
     sys.stdout.write("".join(line + "\n" for line in run_task_prolog(opts.get("state"),
                                                                     dict(os.environ))))
     sys.stdout.flush()

@@ -11,6 +11,9 @@ from typing import Optional
 import typer
 
 from hotcache.provision.cli.common import FstabOpt, JsonOpt, StateOpt, emit
+from hotcache.provision.errors import UsageError
+from hotcache.provision.system.runner import Runner
+from hotcache.provision.system.statepath import state_path
 
 slurm_app = typer.Typer(
     help="Send Slurm jobs to the nodes that hold their hot data.\n\n"
@@ -29,18 +32,16 @@ def _found(state: Optional[Path], fstab: Optional[Path]) -> list[dict]:
     """The verified hot copies on this node. Root probes the host (and writes what it
     found to the verified-copies index); any other account reads that index, checked
     against the live folders, and never opens a device."""
-    import os
-
-    from hotcache.provision.mapping import state_path
+    # start-up: the index and Slurm's rules, for these commands only
     from hotcache.provision.observe import verified_index
     from hotcache.provision.observe.slurm import from_index
 
     path = state_path(state and str(state))
     if os.geteuid() != 0:
         return from_index(verified_index.offered(path)[0])
+    # start-up: root's host probe and the mapping's pydantic models
     from hotcache.provision.engine.status import host_status
     from hotcache.provision.mapping import load
-    from hotcache.provision.system.runner import Runner
 
     caches = load(path)["caches"]
     rows = host_status(path, fstab, Runner(), None)
@@ -71,8 +72,7 @@ def helpers_conf(helper: str = typer.Option(
     """helpers.conf lines, one `Feature=... Helper=...` per verified hot copy now on this
     node plus each --feature. Slurm reads helpers.conf only when slurmd starts, so a
     feature must be listed there before slurmd can report it."""
-    from hotcache.provision.errors import UsageError
-    from hotcache.provision.observe.slurm import valid
+    from hotcache.provision.observe.slurm import valid   # start-up: this command only
 
     names = list(dict.fromkeys([f["feature"] for f in _found(state, fstab)] + list(extra)))
     for name in names:
@@ -96,10 +96,10 @@ def push(node: Optional[str] = NodeOpt,
     hc_ features replaced by the verified hot copies now. For clusters without the
     node_features/helpers plugin (with it, scontrol would ask for a node reboot); the
     metrics timer can run it after each refresh."""
+    # start-up: the host probe and the mapping's pydantic models, for this command only
     from hotcache.provision.engine.status import host_status
-    from hotcache.provision.mapping import load, state_path
+    from hotcache.provision.mapping import load
     from hotcache.provision.observe.slurm import push as push_features
-    from hotcache.provision.system.runner import Runner
 
     path = state_path(state and str(state))
     doc = push_features(host_status(path, fstab, Runner(), None), load(path)["caches"],
@@ -119,7 +119,7 @@ def task_prolog(state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabO
     fails loudly, naming why, instead of reading the slow origin. It decides from the
     verified-copies index root writes, checked against the live folders: no device is
     opened, and it never fails the job (exit 0 whatever it finds)."""
-    from hotcache.provision.observe.slurm import run_task_prolog
+    from hotcache.provision.observe.slurm import run_task_prolog   # start-up: this command only
 
     sys.stdout.write("".join(line + "\n" for line in run_task_prolog(state, dict(os.environ))))
 

@@ -71,22 +71,18 @@ def hotcache_program() -> str:
     """The hotcache next to the interpreter that runs apply, when root alone can change
     it, its interpreter and hotcache's code (system/units.py); else RefusedError with
     the fix. A boot unit runs it as root at every boot."""
-    from hotcache.provision.system.units import trusted_program
-
-    return trusted_program(Path(sys.executable).parent / "hotcache",
-                           Path(__file__).resolve().parents[1])
+    return units.trusted_program(Path(sys.executable).parent / "hotcache",
+                                 Path(__file__).resolve().parents[1])
 
 
 def unit_text(cache: str, mountpoint: str, state: Path, fstab: Path,
               program: str | None = None, *, devices: Sequence[str] = ()) -> str:
-    from hotcache.provision.system.units import command
-
     mount = mount_unit(mountpoint)
     waits = " ".join(device_unit(d) for d in devices)
     wait_lines = f"Wants={waits}\nAfter={waits}\n" if waits else ""
     program = program or hotcache_program()
-    start = command(program, "restore", cache, "--yes",
-                    "--state", str(state), "--fstab", str(fstab))
+    start = units.command(program, "restore", cache, "--yes",
+                          "--state", str(state), "--fstab", str(fstab))
     needs = mounts_for(mountpoint, [program, str(state), str(fstab)])
     return f"""# Written by hotcache apply; removed by hotcache teardown.
 [Unit]

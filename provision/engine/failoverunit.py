@@ -15,9 +15,7 @@ UNIT = "hotcache-failover.service"
 
 
 def unit_text(state: Path, program: str | None = None) -> str:
-    from hotcache.provision.system.units import command
-
-    start = command(program or hotcache_program(), "failover", "--watch", "--state", str(state))
+    start = units.command(program or hotcache_program(), "failover", "--watch", "--state", str(state))
     return f"""# Written by hotcache apply.
 [Unit]
 Description=hotcache: switch a cache whose SSD failed to its origin, under the mounted filesystem

@@ -52,6 +52,8 @@ DEVICE_WAIT = 60.0
 def plan_restore(env, name: str, entry: CacheEntry, plan: Plan) -> None:
     """Queue what a boot needs to mount cache `name`, on its origin since its SSD
     failed, from the origin alone (see the module's docstring)."""
+    # start-up: status imports this module; the planner and the spec's pydantic models
+    # only for a restore
     from hotcache.provision.engine.apply import FSTYPE, Planner, mount_options
     from hotcache.provision.engine.spec import CacheSpec, without_wipe
 

@@ -17,9 +17,11 @@ from hotcache.provision import mapping
 from hotcache.provision.backends import BACKENDS
 from hotcache.provision.block import identity
 from hotcache.provision.block.host import Host
+from hotcache.provision.engine import onorigin
 from hotcache.provision.engine.apply import plan_apply
 from hotcache.provision.engine.spec import CacheSpec, HostSpec, without_wipe
 from hotcache.provision.errors import HotcacheError, UsageError
+from hotcache.provision.plan import Plan
 from hotcache.provision.system.waits import wait_until
 
 DEVICE_WAIT = 60.0     # seconds restore waits for a cache's devices to appear at boot
@@ -69,9 +71,6 @@ def wait_for_devices(spec: HostSpec, host: Host) -> None:
 def plan_restore(env, names: list[str] | None = None):
     """A cache running on its origin since its SSD failed is brought back on the origin
     alone (onorigin.py), never on the failed SSD; the others as they were built."""
-    from hotcache.provision.engine import onorigin
-    from hotcache.provision.plan import Plan
-
     caches = mapping.load(env.state)["caches"]
     moved = [n for n in (names or caches) if n in caches and caches[n].on_origin]
     rest = [n for n in (names or caches) if n not in moved]

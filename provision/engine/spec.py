@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import re
+import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
@@ -443,8 +445,6 @@ def _check_device(at: str, dev: DeviceRef) -> list[str]:
     if dev.path is not None:
         if not os.path.exists(dev.path):
             return [f"{at}: device {dev.path} does not exist (see `hotcache devices`)"]
-        import stat
-
         if not stat.S_ISBLK(os.stat(dev.path).st_mode):
             return [f"{at}: {dev.path} is not a block device"]
         return []
@@ -487,8 +487,6 @@ STDIN = "-"
 def load_spec(path: str | os.PathLike) -> HostSpec:
     """The spec in the file `path`, or on standard input for `-` (`<stdin>` in messages)."""
     if str(path) == STDIN:
-        import sys
-
         return parse_spec(sys.stdin.read(), "<stdin>")
     p = Path(path)
     try:

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hotcache.provision.backends import block_cache
+from hotcache.provision.block import blockdev
+from hotcache.provision.block.host import Host
 from hotcache.provision.hotcopy.sizing import advise
 
 if TYPE_CHECKING:
@@ -45,9 +47,6 @@ def dataset_bytes(path: Path) -> int:
 def fast_tier_bytes(cache) -> int | None:
     """The size of a spec'd cache's fast device (the SSD; for backend none, the origin),
     from the loop image's size or the block device, None when it cannot be read."""
-    from hotcache.provision.block import blockdev
-    from hotcache.provision.block.host import Host
-
     ref = cache.cache if block_cache(cache.backend) else cache.origin
     if ref is None:
         return None

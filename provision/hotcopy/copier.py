@@ -45,6 +45,7 @@ from hotcache.provision.hotcopy.spool import Spool
 from hotcache.provision.hotcopy.staging import Staging
 from hotcache.provision.hotcopy.sizing import FITS, AdviceDoc
 from hotcache.provision.hotcopy.subset import advice_for, sized
+from hotcache.provision.hotcopy.verify import hash_files
 
 __all__ = ["CHUNK", "CopyOptions", "CopySummary", "copy", "default_jobs"]
 
@@ -300,12 +301,10 @@ def check_space(dest: Path, need: int, margin: float, fd: int, sizing=None) -> N
     free = st.f_bavail * st.f_frsize
     want = int(need * (1 + margin))
     if free < want:
-        from hotcache.provision.system.sizes import size
-
         raise RefusedError(
             f"not enough space for the copy on the filesystem of {dest}: it needs "
-            f"{size(want)} ({size(need)} to copy + {margin:.0%} margin, {want} bytes) but "
-            f"has {size(free)} free ({free} bytes)",
+            f"{sizes.size(want)} ({sizes.size(need)} to copy + {margin:.0%} margin, {want} "
+            f"bytes) but has {sizes.size(free)} free ({free} bytes)",
             hint=(f"{sizing.message}. " if sizing is not None and sizing.case != FITS else "")
             + "Free some space, copy a smaller subset (--fit, --fraction, --include), or "
               "choose another DEST")
@@ -332,8 +331,6 @@ class Place:
 
     @classmethod
     def open(cls, dest: Path) -> Place:
-        from hotcache.provision.system import beneath
-
         place = cls(dest, beneath.open_root(dest.parent))
         st = beneath.lstat_at(place.parent_fd, dest.name)
         if st is not None:
@@ -428,9 +425,7 @@ def copy(src: Path, dest: Path, opts: CopyOptions,
         if not sel.entries:
             raise UsageError(f"no files of {src} were selected",
                              hint="check --include/--exclude/--list/--fraction")
-        from hotcache.provision.system.beneath import open_root
-
-        src_fd = open_root(src)
+        src_fd = beneath.open_root(src)
         return _copy(src, src_fd, place, sel, sizing, opts, owner, mode, meter)
     finally:
         if src_fd is not None:
@@ -688,12 +683,10 @@ def _fail(exc: BaseException, staging: Staging, dest: Path, plan: CopyPlan, chec
     journaled so that the next run resumes."""
     if isinstance(exc, OSError) and exc.errno in fsops.NO_SPACE:
         staging.remove()
-        from hotcache.provision.system.sizes import size
-
         raise HotcacheError(
             f"the filesystem of {dest} filled up during the copy ({exc.strerror}); nothing "
             f"was published and the staging folder {staging.path} was removed. The copy "
-            f"needs {size(plan.copy_bytes)} of new data",
+            f"needs {sizes.size(plan.copy_bytes)} of new data",
             hint="free space there or copy a smaller subset, then run again") from exc
     try:
         checkpoint()
@@ -710,8 +703,6 @@ def _read_back(staging: Staging, entries: Entries, digests: Spool,
     """--verify: make the copy durable, drop it from the page cache and hash it again from
     the device. Files that read back wrong are removed from the staging folder (and its
     journal) and nothing is published; the next run copies just those again."""
-    from hotcache.provision.hotcopy.verify import hash_files
-
     fsops.syncfs(staging.fd)
     meter.start("read back", entries.bytes, len(entries))
     bad = hash_files(staging.fd, _pairs(entries, digests), opts.jobs, meter, evict=True)
@@ -801,6 +792,8 @@ def _publish(staging: Staging, place: Place, meter: NullMeter,
             aside = f".{dest.name}.hotcache-old"
             # Recorded before the rename: prune deletes a leftover at an aside name only
             # when hotcache recorded that folder there (anyone may name a folder so).
+            # catalog brings the mapping's pydantic models: loaded only once the copy
+            # is done (the CLI preloads them in a thread meanwhile), never before it starts
             from hotcache.provision.hotcopy.catalog import record_aside
 
             record_aside(dest.parent / aside, place.dest_stat, state)
@@ -846,6 +839,7 @@ def _record(dest: Path, meta: dict, state: Path | None, meter: NullMeter,
             st: os.stat_result) -> str | None:
     """Note the copy in the mapping. The copy is already published, so a mapping that
     cannot be written is a warning, not a failed copy."""
+    # start-up: the mapping's pydantic models, loaded only once the copy is published
     from hotcache.provision.hotcopy.catalog import record
 
     try:

@@ -54,11 +54,9 @@ class Advice:
 def advise(need: int, capacity: int, what: str = "the data",
            where: str = "the fast tier", margin: float = MARGIN_LOW - 1) -> Advice:
     """Which of the three cases applies, said plainly."""
-    from hotcache.provision.system.sizes import size
-
     ratio = capacity / need if need > 0 else None
     share = 1.0 if need <= 0 else min(1.0, capacity / (1 + margin) / need)
-    amounts = f"{what} is {size(need)}, {where} holds {size(capacity)}"
+    amounts = f"{what} is {sizes.size(need)}, {where} holds {sizes.size(capacity)}"
     if need <= 0 or capacity >= need * (1 + margin):
         return Advice(FITS, need, capacity, ratio, 1.0,
                       f"{amounts}: it fits with the {MARGIN_LOW}-{MARGIN_HIGH}x margin")

@@ -16,6 +16,7 @@ from hotcache.provision.hotcopy import manifest
 from hotcache.provision.hotcopy.format import MANIFEST, home
 from hotcache.provision.hotcopy.selection import Selection, narrow, fit
 from hotcache.provision.hotcopy.sizing import Advice, advise, budget_bytes
+from hotcache.provision.system.sizes import size
 
 RULE = "fit"
 RULE_KEYS = ("rule", "seed", "class_fraction", "stratified_by", "budget", "budget_bytes",
@@ -46,8 +47,6 @@ def sized(sel: Selection, dest: Path, old: dict | None, *, fit_: bool, budget: s
     target = int(limit / (1 + margin))
     picked, share = fit(sel, target, seed)
     if not picked.entries:
-        from hotcache.provision.system.sizes import size
-
         raise UsageError(f"--fit: not even one file of each class fits in {size(target)} "
                          f"({how}: {size(limit)}, less the {margin:.0%} margin)",
                          hint="free space on the fast tier, or give a larger --budget")

@@ -18,6 +18,7 @@ version and later removes the old one, and both change the shared files' ctime.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import random
@@ -278,8 +279,6 @@ def _held_failure(meta: dict, mode: str) -> str | None:
 
 
 def _when(ns: int) -> str:
-    import datetime as dt
-
     return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -288,6 +287,8 @@ def _store_outcome(dest: Path, root: int, meta: dict, report: dict, state: Path 
     """Store the outcome in the metadata (and the mapping); a read-only copy is fine.
     When `held`, a stronger check's failure stands: its mode and failed paths are
     kept, only verified_at moves."""
+    # start-up: the mapping's pydantic models, loaded only once there is an outcome to
+    # store (copier.py imports this module and keeps them out of a copy's start)
     from hotcache.provision.hotcopy.catalog import update
 
     # The failed paths let the next `hotcache copy` replace those files even when their

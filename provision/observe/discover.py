@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+import pyudev
+
 from hotcache.provision.backends import backend_report  # noqa: F401  (devices --backends)
 from hotcache.provision.block import blockdev
 from hotcache.provision.block.host import Host
@@ -13,8 +15,6 @@ SKIP_PREFIXES = ("ram", "zram", "sr", "fd")
 
 
 def discover(include_empty_loops: bool = False) -> list[dict]:
-    import pyudev
-
     host = Host()
     roots = blockdev.root_devices(host)
     rows = []

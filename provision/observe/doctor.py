@@ -20,10 +20,17 @@ from hotcache.provision.system.strenum import StrEnum
 from hotcache.provision import mapping
 from hotcache.provision.backends import BACKENDS, PLAIN, block_cache
 from hotcache.provision.backends.base import KERNEL_FIX
+from hotcache.provision.block.host import Host
 from hotcache.provision.system import fstab
-from hotcache.provision.engine.status import Code as Drift
+from hotcache.provision.engine import restorelog
+from hotcache.provision.engine.bootunit import unit_name
+from hotcache.provision.engine.reattach import waiting
+from hotcache.provision.engine.status import Code as Drift, cache_status
 from hotcache.provision.engine.statusrow import StatusRow
 from hotcache.provision.errors import HotcacheError
+from hotcache.provision.hotcopy.format import CopyState
+from hotcache.provision.hotcopy.sizing import FITS
+from hotcache.provision.observe.metrics import hot_copies
 from hotcache.provision.system.runner import PACKAGES, Runner, which
 
 PROBLEM, WARNING, OK = "problem", "warning", "ok"
@@ -178,8 +185,6 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
         return [Finding.coded("mapping", PROBLEM, str(opts.state), exc.message,
                               Code.MAPPING_UNREADABLE,
                               hint=exc.hint or f"fix or move away {opts.state}")]
-    from hotcache.provision.engine.status import cache_status
-
     rows = {name: cache_status(name, entry, runner, opts.fstab) for name, entry in caches.items()}
     findings = [
         *check_kernel(caches),
@@ -202,8 +207,6 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
 
 def check_waiting_for_ssd(data: dict) -> list[Finding]:
     """Caches whose failed SSD a teardown took off: their data is read without a cache."""
-    from hotcache.provision.engine.reattach import waiting
-
     return [Finding.coded("cache", WARNING, w["name"],
                           f"{w['name']} has no cache: its failed SSD was taken off, and its "
                           f"origin {w['origin']} keeps the filesystem {w['filesystem_uuid']}, "
@@ -216,8 +219,6 @@ def used_backends(caches: dict) -> set[str]:
 
 
 def check_kernel(caches: dict) -> list[Finding]:
-    from hotcache.provision.block.host import Host
-
     kernel_has = Host().kernel_has
     out = []
     used = used_backends(caches)
@@ -327,8 +328,6 @@ def restore_installed(unit_dir: Path, name: str) -> list[str]:
 def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
     """bcache tunables and raw dm-cache tables need `hotcache restore` at boot: apply
     installs hotcache-restore-NAME.service (provision/restore.py) and enables it."""
-    from hotcache.provision.engine.bootunit import unit_name
-
     out = []
     for name, entry in sorted(caches.items()):
         backend = entry.backend
@@ -361,9 +360,6 @@ def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
 def check_restore_failed(caches: dict, runner: Runner) -> list[Finding]:
     """A restore that failed at this boot: the cache is not there and its mount did not
     happen (the fstab entry requires the restore unit)."""
-    from hotcache.provision.engine import restorelog
-    from hotcache.provision.engine.bootunit import unit_name
-
     out = []
     for name, entry in sorted(caches.items()):
         if not BACKENDS.get(entry.backend) or not BACKENDS[entry.backend].restores_at_boot:
@@ -392,9 +388,6 @@ def check_drift(rows: dict[str, StatusRow]) -> list[Finding]:
 
 
 def check_space_and_copies(caches: dict, rows: dict[str, StatusRow], opts: Options) -> list[Finding]:
-    from hotcache.provision.hotcopy.format import CopyState
-    from hotcache.provision.observe.metrics import hot_copies
-
     out = []
     now = time.time()
     max_age = opts.max_verify_age_days * 86400
@@ -450,8 +443,6 @@ def check_space_and_copies(caches: dict, rows: dict[str, StatusRow], opts: Optio
 def check_working_set(rows: dict[str, StatusRow]) -> list[Finding]:
     """What each cache is to hold against its fast tier (status' working_set): a block
     cache smaller than its data thrashes, a plain SSD's hot copies need room to refresh."""
-    from hotcache.provision.hotcopy.sizing import FITS
-
     out = []
     for name, row in sorted(rows.items()):
         sizing, activity = row["working_set"]["sizing"], row["working_set"]["activity"]

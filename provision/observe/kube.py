@@ -32,6 +32,9 @@ import socket
 from typing import TYPE_CHECKING, Any
 from pathlib import PurePosixPath
 
+import yaml
+
+from hotcache.provision import __version__
 from hotcache.provision.errors import UsageError
 from hotcache.provision.observe import nodelabels
 
@@ -72,8 +75,6 @@ def app_labels(component: str, instance: str) -> dict:
     """Kubernetes' recommended labels: which application (hotcache, its version) made
     the object, what part of it the object is, and which instance (a storage class, a
     dataset version) it belongs to."""
-    from hotcache.provision import __version__
-
     return {"app.kubernetes.io/name": "hotcache", "app.kubernetes.io/instance": instance,
             "app.kubernetes.io/version": nodelabels.value(__version__) or "unknown",
             "app.kubernetes.io/component": component, "app.kubernetes.io/part-of": PART_OF,
@@ -218,7 +219,5 @@ def manifests(rows: list[StatusRow], caches: dict, *, node: str | None = None,
 
 
 def to_yaml(docs: list[dict]) -> str:
-    import yaml
-
     return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False,
                               explicit_start=True)

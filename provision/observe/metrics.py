@@ -21,14 +21,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
+from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
 from hotcache.provision import mapping
-from hotcache.provision.backends import block_cache
+from hotcache.provision.backends import BACKENDS, block_cache
+from hotcache.provision.engine import restorelog
+from hotcache.provision.errors import UsageError
 from hotcache.provision.hotcopy import format as hotcopy_format
 from hotcache.provision.records import CacheEntry
 from hotcache.provision.system.atomic import write_atomic
+from hotcache.provision.system.runner import Runner
 
 if TYPE_CHECKING:
     from hotcache.provision.engine.statusrow import StatusRow
@@ -249,17 +253,11 @@ class StatusCollector:
                 "cache, under its mounted filesystem, to a linear mapping of its origin "
                 "(reads go to the HDD), else 0.", ["cache"]).add_metric([name], int(bool(moved)))
         if moved is not None:
-            import datetime as dt
-
             since = dt.datetime.fromisoformat(moved.since).timestamp()
             g.gauge("cache_on_origin_since_seconds", "When the cache was switched to its "
                     "origin, in seconds since the epoch.", ["cache"]).add_metric([name], since)
 
     def _restore(self, g: "_Families", name: str, row: StatusRow) -> None:
-        from hotcache.provision.backends import BACKENDS
-        from hotcache.provision.engine import restorelog
-        from hotcache.provision.system.runner import Runner
-
         backend = BACKENDS.get(row["backend"])
         if backend is None or not backend.restores_at_boot:
             return
@@ -345,8 +343,6 @@ def write_textfile(path: str | os.PathLike, rows: list[StatusRow], state: Path,
                    caches: dict | None = None) -> None:
     """Write the metrics to `path` atomically (an O_EXCL temp file in the same folder,
     then rename), never through a name planted in that folder."""
-    from prometheus_client import generate_latest
-
     write_atomic(path, generate_latest(registry_for(rows, state, caches=caches)).decode())
 
 
@@ -356,8 +352,6 @@ def timer_units(hotcache: str, textfile: str, interval: str, environment: dict[s
                 node_labels: str | None = None, slurm_push: bool = False) -> dict[str, str]:
     """The service and timer that refresh the metrics file (and, with `node_labels`, the
     node-feature-discovery feature file), by file name."""
-    from hotcache.provision.errors import UsageError
-
     for what, value in (("hotcache program", hotcache), ("metrics file", textfile),
                         *((("node labels file", node_labels),) if node_labels else ()),
                         *environment.items()):
@@ -405,8 +399,6 @@ def install_timer(unit_dir: Path, units: dict[str, str] | None, runner, *,
     """Write (or with units=None remove) the units; with systemd running and the real unit
     folder, also reload systemd and enable (or disable) the timer. Idempotent: reports
     `changed` only when a file was written or removed. check=True changes nothing."""
-    from hotcache.provision.system.atomic import write_atomic
-
     names = [f"{UNIT}.service", f"{UNIT}.timer"]
     changed: list[str] = []
     for fname in names:

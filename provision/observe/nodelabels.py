@@ -33,7 +33,9 @@ from typing import TYPE_CHECKING
 
 from hotcache.provision import mapping
 from hotcache.provision.backends import PLAIN
+from hotcache.provision.errors import HotcacheError
 from hotcache.provision.observe.metrics import hot_copies
+from hotcache.provision.system.atomic import write_atomic
 
 if TYPE_CHECKING:
     from hotcache.provision.engine.statusrow import StatusRow
@@ -131,8 +133,6 @@ def feature_file(found: dict[str, str], now: dt.datetime | None = None,
     lines += [f"{k}={v}" for k, v in sorted(found.items())]
     text = "\n".join(lines) + "\n"
     if len(text.encode()) > MAX_FILE:
-        from hotcache.provision.errors import HotcacheError
-
         raise HotcacheError(f"the node feature file would be {len(text.encode())} bytes; "
                             f"nfd-worker ignores files over {MAX_FILE}",
                             hint="fewer hot copies per host, or label fewer datasets")
@@ -144,8 +144,6 @@ def write(path: str | Path, rows: list[StatusRow], state: Path,
           caches: dict | None = None) -> dict[str, str]:
     """Write the feature file atomically; returns the labels written. `caches`: the
     mapping's entries, when the caller has loaded them already."""
-    from hotcache.provision.system.atomic import write_atomic
-
     found = labels(rows, caches if caches is not None else mapping.load(state)["caches"])
     write_atomic(path, feature_file(found, expiry_seconds=expiry_seconds))
     return found

@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from hotcache.provision.system.atomic import write_atomic
 from hotcache.provision.system.meter import NullMeter
 
 ENV_DIR = "HOTCACHE_METRICS_DIR"
@@ -146,10 +147,9 @@ class TextfileMeter(NullMeter):
             yield family
 
     def _write(self, force: bool = False) -> None:
+        # start-up: prometheus_client only where metrics are written (see collect)
         from prometheus_client import generate_latest
         from prometheus_client.registry import CollectorRegistry
-
-        from hotcache.provision.system.atomic import write_atomic
 
         now = self.clock()
         with self.lock:

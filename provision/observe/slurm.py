@@ -23,7 +23,9 @@ import hashlib
 import re
 from typing import TYPE_CHECKING
 
+from hotcache.provision.errors import HotcacheError, UsageError
 from hotcache.provision.observe import verified_index
+from hotcache.provision.system.statepath import state_path
 
 if TYPE_CHECKING:
     from hotcache.provision.engine.statusrow import StatusRow
@@ -123,8 +125,6 @@ def _value(text: str) -> str:
     """slurmstepd takes the rest of an `export NAME=value` line literally (no quoting),
     so a value is written as it is; one with a line break cannot be and is refused."""
     if "\n" in text or "\r" in text:
-        from hotcache.provision.errors import UsageError
-
         raise UsageError(f"the path {text!r} holds a line break; a TaskProlog cannot "
                          "export it", hint="rename the hot copy's folder")
     return text
@@ -179,6 +179,7 @@ def push(rows: list[StatusRow], caches: dict, node: str | None = None, dry_run: 
     """Set `node`'s hc_ features in slurmctld to the verified hot copies now (`scontrol
     update NodeName=... AvailableFeatures=... ActiveFeatures=...`), its other features
     kept. Returns what was (or, with dry_run, would be) set."""
+    # the TaskProlog loads this module: socket and subprocess (the Runner) only for scontrol
     import socket
 
     from hotcache.provision.system.runner import Runner
@@ -205,7 +206,7 @@ def job_features(env: dict, runner=None) -> list[str]:
     job = env.get("SLURM_JOB_ID")
     if not job:
         return []
-    from hotcache.provision.errors import HotcacheError
+    # the TaskProlog's start-up: subprocess only where slurmstepd set no constraints
     from hotcache.provision.system.runner import Runner
 
     try:
@@ -220,9 +221,6 @@ def run_task_prolog(state, env: dict, runner=None, limit: float | None = None) -
     """The TaskProlog's lines for a job with environment `env` (as the job's user): from
     the verified-copies index, checked against the live folders; never a device probe,
     never an error (a job that named its dataset and cannot have it gets the reason)."""
-    from hotcache.provision.errors import HotcacheError
-    from hotcache.provision.system.statepath import state_path
-
     dataset = env.get("HOTCACHE_DATASET") or None
     wanted = [] if dataset else job_features(env, runner)
     if not dataset and not wanted:

@@ -26,8 +26,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
+from hotcache.provision.errors import HotcacheError
 from hotcache.provision.hotcopy.format import read_metadata
-from hotcache.provision.system import mountinfo
+from hotcache.provision.system import beneath, mountinfo
 from hotcache.provision.system.clock import now
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ def entries(rows: list[StatusRow], caches: dict) -> list[Entry]:
     """An entry for each copy `nodelabels.verified_copies` counts (on a cache that is up,
     recorded by hotcache and still that folder, last verification passed), described as
     the folder is now."""
+    # root's side, kept out of the TaskProlog's start-up (it imports this module to read)
     from hotcache.provision.observe.nodelabels import verified_copies
 
     out: list[Entry] = []
@@ -98,6 +100,7 @@ def unverified(rows: list[StatusRow], caches: dict) -> list[dict]:
     """The other hot copies on caches that are up, with what they lack (failed
     verification, never verified, not recorded by hotcache): a job that asks for one
     is told why it gets no DATA_ROOT."""
+    # root's side, kept out of the TaskProlog's start-up (it imports this module to read)
     from hotcache.provision.observe.metrics import hot_copies
     from hotcache.provision.observe.nodelabels import is_up
 
@@ -117,6 +120,7 @@ def write(state: Path, rows: list[StatusRow], caches: dict) -> Path | None:
     None when this account is not root."""
     if os.geteuid() != 0:
         return None
+    # root's side, kept out of the TaskProlog's start-up (it imports this module to read)
     from hotcache.provision.system.atomic import write_atomic
 
     doc = {"kind": KIND, "format": FORMAT, "written_at": now(),
@@ -131,6 +135,7 @@ def clear(state: Path) -> None:
     probe). A job then gets no DATA_ROOT rather than one nobody proved."""
     if os.geteuid() != 0:
         return
+    # root's side, kept out of the TaskProlog's start-up (it imports this module to read)
     from hotcache.provision.system.atomic import write_atomic
 
     doc = {"kind": KIND, "format": FORMAT, "written_at": now(), "copies": []}
@@ -139,8 +144,6 @@ def clear(state: Path) -> None:
 
 def read(state: Path) -> tuple[list[dict] | None, str]:
     """The index's entries, or None and why there are none to read."""
-    from hotcache.provision.system import beneath
-
     where = path_for(state)
     try:
         doc = json.loads(beneath.read_regular(where, limit=LIMIT))
@@ -239,9 +242,10 @@ def refresh(state: Path, fstab: Path | None = None, runner=None) -> str | None:
     DATA_ROOT rather than one nobody proved); None otherwise, and for other accounts."""
     if os.geteuid() != 0 or not Path(state).exists():
         return None
+    # root's side, kept out of the TaskProlog's start-up (it imports this module to read):
+    # the mapping's pydantic models, the host probe
     from hotcache.provision import mapping
     from hotcache.provision.engine.status import host_status
-    from hotcache.provision.errors import HotcacheError
     from hotcache.provision.system.runner import Runner
 
     try:

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from hotcache.provision.system.sizes import size
+
 if TYPE_CHECKING:
     from rich.progress import TaskID
 
@@ -40,6 +42,7 @@ class RichMeter(NullMeter):
     worker processes before that, and a fork must not catch a thread holding stderr."""
 
     def __init__(self) -> None:
+        # start-up: rich only for the bar on a terminal; the plain lines never load it
         from rich.console import Console
         from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn,
                                    TimeRemainingColumn, TransferSpeedColumn)
@@ -97,8 +100,6 @@ class PlainMeter(NullMeter):
         self._timer: threading.Thread | None = None
 
     def start(self, label: str, total_bytes: int, total_files: int | None = None) -> None:
-        from hotcache.provision.system.sizes import size
-
         with self.lock:
             self.label, self.total_bytes, self.total_files = label, total_bytes, total_files
             self.bytes_done = self.files_done = 0
@@ -127,8 +128,6 @@ class PlainMeter(NullMeter):
 
     def line(self) -> str:
         """The progress line for now."""
-        from hotcache.provision.system.sizes import size
-
         with self.lock:
             label, done, total = self.label, self.bytes_done, self.total_bytes
             files, total_files = self.files_done, self.total_files

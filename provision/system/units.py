@@ -18,6 +18,7 @@ import stat
 from pathlib import Path
 
 from hotcache.provision.errors import RefusedError, UsageError
+from hotcache.provision.system.atomic import write_atomic
 
 _PLAIN = re.compile(r"[A-Za-z0-9_./:=+,@-]+")
 
@@ -134,8 +135,6 @@ def is_installed(unit: Path, text: str, wants: Path) -> bool:
 
 def install(unit: Path, text: str, wants: Path) -> None:
     """Write `unit` (atomically, mode 0644) and enable it with its `.wants` link."""
-    from hotcache.provision.system.atomic import write_atomic
-
     write_atomic(unit, text, 0o644)
     wants.parent.mkdir(parents=True, exist_ok=True)
     if not wants.is_symlink():

@@ -16,6 +16,7 @@ from hotcache.provision.backends import BACKENDS, get
 from hotcache.provision.block import identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.block.identity import Seen
+from hotcache.provision.errors import RefusedError
 from hotcache.provision.records import CacheEntry, DeviceRecord, EntryState
 
 
@@ -142,8 +143,6 @@ def current_node(entry: CacheEntry, role: str, host: Host) -> str | None:
 
 def require(entry: CacheEntry, role: str, host: Host, *, cache: str = "") -> Found:
     """locate(), for callers that write: a device that cannot be proven is an error."""
-    from hotcache.provision.errors import RefusedError
-
     found = locate(entry, role, host, cache=cache)
     if found.problem:
         raise RefusedError(found.problem, hint="put the recorded disk back (or let udev "
