@@ -22,7 +22,8 @@ from hotcache.provision.backends.parts import recorded
 from hotcache.provision.block import blockdev, busy, header, identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.system import fstab
-from hotcache.provision.backends import BACKENDS, get as get_backend
+from hotcache.provision.backends import BACKENDS, backend_report, get as get_backend
+from hotcache.provision.backends.base import Backend
 from hotcache.provision.errors import HotcacheError, KernelUnsupported, ProbeFailed, RefusedError
 from hotcache.provision.engine import failoverunit, images, owners, reattach, recheck
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
@@ -460,54 +461,11 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
     """Plan one cache. `reattaching`: its SSD failed and was taken off, and `entry` (or
     `seed`, the record the teardown left, when the apply has not started yet) holds the
     origin whose filesystem a new SSD is attached to; nothing is formatted."""
-    host = p.env.host
-    backend = get_backend(spec.backend, host)
-    why = backend.unavailable()
-    if why:
-        from hotcache.provision.backends import backend_report
-
-        usable = [r["backend"] for r in backend_report(host) if r["available"]]
-        raise KernelUnsupported(f"{spec.name}: backend {spec.backend} cannot run here: {why}",
-                                hint=f"this host can use backend {', '.join(usable) or 'none'}"
-                                     " (`hotcache devices --backends` says why)")
-    for program in backend.programs:
-        host.require(program)
-    roots = blockdev.root_devices(host)
-    devs = {}
-    for role, ref in spec.devices().items():
-        if entry is not None and entry.devices.get(role):
-            dev = resolve_recorded(p, role, ref, entry, roots)
-        else:
-            dev = resolve(p, role, ref, roots)
-        if dev is not None:
-            devs[role] = dev
-    if p.refusals:
+    backend = _usable_backend(p.env.host, spec)
+    devs = _resolve_devices(p, spec, entry)
+    if p.refusals or not _checked(p, spec, backend, entry, devs, reattaching):
         return
-    if reattaching and "origin" in devs and not backend.owns(entry, devs["origin"]):
-        # Checked before preflight: the spec's `wipe: true` must not erase an origin that
-        # was meant to keep its filesystem.
-        p.refuse(f"{spec.name}.origin ({spec.origin.label}): it no longer carries what the "
-                 f"failed cache left on it ({_fs_shown(devs['origin'])}, not the recorded "
-                 f"filesystem {entry.filesystem.uuid if entry else '?'}), so there is "
-                 "nothing to re-attach a new SSD to; nothing was changed. If its data is "
-                 f"gone for good: `hotcache teardown {spec.name} --forget`, then apply to "
-                 "build a new cache")
-        return
-    if backend.restores_at_boot and first_build(p, entry):
-        for dev in devs.values():
-            _require_stable_identity(p, spec, dev)
-    for dev in devs.values():
-        preflight(p, backend, spec, entry, dev, backend.min_bytes)
-    if p.refusals:
-        return
-
-    fs_uuid = (entry and entry.filesystem.uuid) or backend.adopted_fs_uuid(devs)
-    if fs_uuid is None and p.env.preview:
-        fs_uuid = NEW_FS_UUID
-        p.plan.notes.append(f"{spec.name}: {NEW_FS_UUID} stands for the filesystem UUID "
-                            "that apply draws (at random) when it runs")
-    elif fs_uuid is None:
-        fs_uuid = str(uuid.uuid4())
+    fs_uuid = _filesystem_uuid(p, spec, backend, entry, devs)
     building = entry is None or entry.state != EntryState.READY
     unmounted = _release_origin(p, spec, devs["origin"]) if reattaching else False
     if p.refusals:
@@ -528,7 +486,7 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
         bootunit.plan_unit(p, spec)
     if backend.fails_over:
         failoverunit.plan_unit(p)
-    target_dev = _target_device(host, spec, devs, target)
+    target_dev = _target_device(p.env.host, spec, devs, target)
     # A filesystem the mapping records as made (or that a failed cache's origin kept) is
     # never made again.
     made = (entry is not None and entry.state == EntryState.READY) or p.restoring or reattaching
@@ -541,6 +499,71 @@ def _plan_cache(p: Planner, spec: CacheSpec, entry: CacheEntry | None, *,
         p.do(f"record {spec.name} in the mapping as ready",
              lambda ctx: _write_entry(p.env, spec, devs, ctx, fs_uuid, target, EntryState.READY,
                                  seed=seed, reattached=reattaching))
+
+
+def _usable_backend(host: Host, spec: CacheSpec) -> Backend:
+    """The spec's backend, once this host can run it and has its programs (raises:
+    the kernel lacks it, naming the backends that can run here)."""
+    backend = get_backend(spec.backend, host)
+    why = backend.unavailable()
+    if why:
+        usable = [r["backend"] for r in backend_report(host) if r["available"]]
+        raise KernelUnsupported(f"{spec.name}: backend {spec.backend} cannot run here: {why}",
+                                hint=f"this host can use backend {', '.join(usable) or 'none'}"
+                                     " (`hotcache devices --backends` says why)")
+    for program in backend.programs:
+        host.require(program)
+    return backend
+
+
+def _resolve_devices(p: Planner, spec: CacheSpec, entry: CacheEntry | None) -> dict[str, Device]:
+    """Each spec device: a recorded one by its identity, a new one by the spec's name."""
+    roots = blockdev.root_devices(p.env.host)
+    devs = {}
+    for role, ref in spec.devices().items():
+        if entry is not None and entry.devices.get(role):
+            dev = resolve_recorded(p, role, ref, entry, roots)
+        else:
+            dev = resolve(p, role, ref, roots)
+        if dev is not None:
+            devs[role] = dev
+    return devs
+
+
+def _checked(p: Planner, spec: CacheSpec, backend: Backend, entry: CacheEntry | None,
+             devs: dict[str, Device], reattaching: bool) -> bool:
+    """Whether the devices may be used as planned (False, with refusals, when not); a
+    wipe the spec consented to is queued on the way."""
+    if reattaching and "origin" in devs and not backend.owns(entry, devs["origin"]):
+        # Checked before preflight: the spec's `wipe: true` must not erase an origin that
+        # was meant to keep its filesystem.
+        p.refuse(f"{spec.name}.origin ({spec.origin.label}): it no longer carries what the "
+                 f"failed cache left on it ({_fs_shown(devs['origin'])}, not the recorded "
+                 f"filesystem {entry.filesystem.uuid if entry else '?'}), so there is "
+                 "nothing to re-attach a new SSD to; nothing was changed. If its data is "
+                 f"gone for good: `hotcache teardown {spec.name} --forget`, then apply to "
+                 "build a new cache")
+        return False
+    if backend.restores_at_boot and first_build(p, entry):
+        for dev in devs.values():
+            _require_stable_identity(p, spec, dev)
+    for dev in devs.values():
+        preflight(p, backend, spec, entry, dev, backend.min_bytes)
+    return not p.refusals
+
+
+def _filesystem_uuid(p: Planner, spec: CacheSpec, backend: Backend, entry: CacheEntry | None,
+                     devs: dict[str, Device]) -> str:
+    """The filesystem's UUID: recorded, adopted from an existing LV, or drawn now (a
+    placeholder in a plan only shown, which draws nothing)."""
+    fs_uuid = (entry and entry.filesystem.uuid) or backend.adopted_fs_uuid(devs)
+    if fs_uuid is not None:
+        return fs_uuid
+    if p.env.preview:
+        p.plan.notes.append(f"{spec.name}: {NEW_FS_UUID} stands for the filesystem UUID "
+                            "that apply draws (at random) when it runs")
+        return NEW_FS_UUID
+    return str(uuid.uuid4())
 
 
 def _plan_filesystem(p: Planner, spec: CacheSpec, backend, entry: CacheEntry | None,
