@@ -370,15 +370,11 @@ class Place:
     def dest_dir(self) -> int:
         """DEST's descriptor, held since the start (DEST was there: a refresh or a
         mountpoint)."""
-        if self.dest_fd is None:
-            raise RuntimeError(f"{self.dest} was not there when the copy began")
-        return self.dest_fd
+        return beneath.held(self.dest_fd, f"{self.dest} was not there when the copy began")
 
     @property
     def dest_stat(self) -> os.stat_result:
-        if self.dest_st is None:
-            raise RuntimeError(f"{self.dest} was not there when the copy began")
-        return self.dest_st
+        return beneath.held(self.dest_st, f"{self.dest} was not there when the copy began")
 
     def staging(self) -> Staging:
         holder = self.dest_dir if self.mountpoint else self.parent_fd

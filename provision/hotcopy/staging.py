@@ -81,16 +81,12 @@ class Staging:
     @property
     def fd(self) -> int:
         """The staging folder's descriptor (after `open` or `create`)."""
-        if self._fd is None:
-            raise RuntimeError(f"{self.path}: the staging folder is not open")
-        return self._fd
+        return beneath.held(self._fd, f"{self.path}: the staging folder is not open")
 
     @property
     def st(self) -> os.stat_result:
         """The staging folder as hotcache opened it."""
-        if self._st is None:
-            raise RuntimeError(f"{self.path}: the staging folder is not open")
-        return self._st
+        return beneath.held(self._st, f"{self.path}: the staging folder is not open")
 
     # ------------------------------------------------------------ ours or refused
     def exists(self) -> bool:

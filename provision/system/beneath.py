@@ -8,6 +8,8 @@ write to; every path it touches there is opened relative to a directory descript
   with O_NOFOLLOW from the one before, and '..' is refused.
 - `expect(fd, st, name)`: the opened file is the one the walk recorded (st_dev, st_ino);
   a file swapped since then raises `Swapped`.
+- `held(value, missing)`: a descriptor (or its stat) that is open only part of the time,
+  read as itself, or a RuntimeError that names the state it needs, never as None.
 - `makedirs`, `walk`, `write_file` (`write_stream`), `empty`, `rmdir_if`, `rename_at`:
   the rest of what a copy does, all on descriptors. Ownership and modes are set with
   fchown/fchmod on open descriptors, never by path.
@@ -24,6 +26,7 @@ import errno
 import os
 import stat
 from collections.abc import Iterable, Set as AbstractSet
+from typing import TypeVar
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _SYS_OPENAT2 = 437                      # x86_64, aarch64 and every arch since 5.6
@@ -34,6 +37,7 @@ RENAME_EXCHANGE = 2
 
 DIR = os.O_RDONLY | os.O_DIRECTORY
 USE_OPENAT2 = True                      # tests turn this off to exercise the fallback
+T = TypeVar("T")
 
 
 class Untrusted(OSError):
@@ -191,6 +195,14 @@ def expect(fd: int, want: os.stat_result | tuple[int, int], name: str) -> os.sta
     if (st.st_dev, st.st_ino) != tuple(dev_ino):
         raise Swapped(errno.ESTALE, "replaced since it was first looked at", name)
     return st
+
+
+def held(value: T | None, missing: str) -> T:
+    """`value`, a descriptor or stat that is held only part of the time; RuntimeError
+    with `missing` (the state it needs) when it is not held now."""
+    if value is None:
+        raise RuntimeError(missing)
+    return value
 
 
 def makedirs(dirfd: int, rel: str, mode: int = 0o700) -> int:

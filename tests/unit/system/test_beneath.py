@@ -105,3 +105,13 @@ def test_open_root_follows_only_symlinks_root_made(tmp_path):
     with pytest.raises(OSError) as exc:                     # ... but never as the last part
         beneath.open_root(tmp_path / "data")
     assert exc.value.errno == errno.ELOOP
+
+
+def test_a_descriptor_held_part_of_the_time_reads_as_itself_or_an_error_naming_why():
+    """What is open only part of the time (a staging folder, DEST) is read through
+    `held`: descriptor 0 is a descriptor like any other, only None is not held."""
+    st = os.stat("/")
+    assert beneath.held(0, "not open") == 0
+    assert beneath.held(st, "not open") is st
+    with pytest.raises(RuntimeError, match="^/x: the staging folder is not open$"):
+        beneath.held(None, "/x: the staging folder is not open")
