@@ -93,16 +93,20 @@ def is_up(row: StatusRow) -> bool:
         not NOT_SERVING & {f["code"] for f in row.get("findings", [])}
 
 
-def verified_copies(rows: list[StatusRow], caches: dict) -> list[dict]:
+def up_copies(rows: list[StatusRow], caches: dict) -> list[dict]:
+    """Every hot copy on the caches that are up, each with its `cache` and `backend`:
+    read once, for callers that sort them (`rows` are `hotcache status` rows, `caches`
+    the mapping's entries)."""
+    return [{**copy, "cache": row["name"], "backend": row["backend"]}
+            for row in filter(is_up, rows) for copy in hot_copies(caches.get(row["name"]), True)]
+
+
+def verified_copies(rows: list[StatusRow], caches: dict,
+                    listed: list[dict] | None = None) -> list[dict]:
     """The hot copies on caches that are up which are present, complete, and whose last
-    verification passed (each with its `cache` and `backend`). `rows` are `hotcache
-    status` rows, `caches` the mapping's entries."""
-    out = []
-    for row in filter(is_up, rows):
-        for copy in hot_copies(caches.get(row["name"]), True):
-            if copy["verified"]:         # recorded by hotcache and still that folder
-                out.append({**copy, "cache": row["name"], "backend": row["backend"]})
-    return out
+    verification passed, recorded by hotcache and still that folder. `listed`: what
+    `up_copies` returned, when the caller has it already."""
+    return [c for c in (up_copies(rows, caches) if listed is None else listed) if c["verified"]]
 
 
 def labels(rows: list[StatusRow], caches: dict) -> dict[str, str]:

@@ -63,15 +63,16 @@ def path_for(state: Path) -> Path:
     return Path(state).with_name(NAME)
 
 
-def entries(rows: list[StatusRow], caches: dict) -> list[Entry]:
+def entries(rows: list[StatusRow], caches: dict,
+            listed: list[dict] | None = None) -> list[Entry]:
     """An entry for each copy `nodelabels.verified_copies` counts (on a cache that is up,
     recorded by hotcache and still that folder, last verification passed), described as
-    the folder is now."""
+    the folder is now. `listed`: `nodelabels.up_copies`, when the caller has it."""
     # root's side, kept out of the TaskProlog's start-up (it imports this module to read)
     from hotcache.provision.observe.nodelabels import verified_copies
 
     out: list[Entry] = []
-    for copy in verified_copies(rows, caches):
+    for copy in verified_copies(rows, caches, listed):
         where = Path(copy["path"])
         meta = read_metadata(where)
         try:
@@ -96,22 +97,22 @@ def entries(rows: list[StatusRow], caches: dict) -> list[Entry]:
     return sorted(out, key=lambda e: e["path"])
 
 
-def unverified(rows: list[StatusRow], caches: dict) -> list[dict]:
+def unverified(rows: list[StatusRow], caches: dict,
+               listed: list[dict] | None = None) -> list[dict]:
     """The other hot copies on caches that are up, with what they lack (failed
     verification, never verified, not recorded by hotcache): a job that asks for one
-    is told why it gets no DATA_ROOT."""
+    is told why it gets no DATA_ROOT. `listed`: `nodelabels.up_copies`, when the caller
+    has it."""
     # root's side, kept out of the TaskProlog's start-up (it imports this module to read)
-    from hotcache.provision.observe.metrics import hot_copies
-    from hotcache.provision.observe.nodelabels import is_up
+    from hotcache.provision.observe.nodelabels import up_copies
 
     out = []
-    for row in filter(is_up, rows):
-        for copy in hot_copies(caches.get(row["name"]), True):
-            if not copy["verified"]:
-                state = str(copy["state"]) if copy["recorded"] or not copy["present"] \
-                    else "not recorded by hotcache"
-                out.append({"name": str(copy["name"]), "version": copy["version"],
-                            "path": copy["path"], "state": state})
+    for copy in up_copies(rows, caches) if listed is None else listed:
+        if not copy["verified"]:
+            state = str(copy["state"]) if copy["recorded"] or not copy["present"] \
+                else "not recorded by hotcache"
+            out.append({"name": str(copy["name"]), "version": copy["version"],
+                        "path": copy["path"], "state": state})
     return sorted(out, key=lambda c: c["path"])
 
 
@@ -123,8 +124,12 @@ def write(state: Path, rows: list[StatusRow], caches: dict) -> Path | None:
     # root's side, kept out of the TaskProlog's start-up (it imports this module to read)
     from hotcache.provision.system.atomic import write_atomic
 
+    # root's side, kept out of the TaskProlog's start-up (it imports this module to read)
+    from hotcache.provision.observe.nodelabels import up_copies
+
+    listed = up_copies(rows, caches)        # each copy's metadata read once for both lists
     doc = {"kind": KIND, "format": FORMAT, "written_at": now(),
-           "copies": entries(rows, caches), "unverified": unverified(rows, caches)}
+           "copies": entries(rows, caches, listed), "unverified": unverified(rows, caches, listed)}
     target = path_for(state)
     write_atomic(target, json.dumps(doc, indent=1, sort_keys=True) + "\n", mode=0o644)
     return target

@@ -211,5 +211,28 @@ def test_a_folder_swapped_in_while_root_writes_the_index_is_never_indexed(node, 
         "uid": roots.st_uid}})
     seen = [{"name": "ds", "version": "1", "path": str(dest), "cache": "hot",
              "backend": "none"}]                           # as checked before the swap
-    monkeypatch.setattr(nodelabels, "verified_copies", lambda rows, caches: seen)
+    monkeypatch.setattr(nodelabels, "verified_copies", lambda rows, caches, listed=None: seen)
     assert verified_index.entries([], {"hot": entry}) == []
+
+
+def test_root_lists_the_copies_once_for_both_lists(node, monkeypatch):
+    """The index's verified copies and its unverified ones come from one listing of the
+    hot copies (each copy's metadata read there once), not one listing each."""
+    from hotcache.provision.observe import nodelabels
+    from tests.helpers import entry_record
+
+    state, dest = node
+    st = os.lstat(dest)
+    entry = entry_record("hot", hot_copies={str(dest): {
+        "name": "ds", "version": "1", "dev": st.st_dev, "inode": st.st_ino, "uid": st.st_uid}})
+    row = {"name": "hot", "backend": "none", "mounted": True, "state": "ready", "findings": []}
+    calls = []
+    listing = nodelabels.hot_copies
+    monkeypatch.setattr(nodelabels, "hot_copies",
+                        lambda *args: calls.append(args) or listing(*args))
+    if os.geteuid() != 0:
+        return                                  # only root writes the index
+    verified_index.write(state, [row], {"hot": entry})
+    assert len(calls) == 1, calls
+    doc = json.loads(verified_index.path_for(state).read_text())
+    assert [c["path"] for c in doc["copies"]] == [str(dest)] and doc["unverified"] == []
