@@ -122,10 +122,8 @@ def write(state: Path, rows: list[StatusRow], caches: dict) -> Path | None:
     if os.geteuid() != 0:
         return None
     # root's side, kept out of the TaskProlog's start-up (it imports this module to read)
-    from hotcache.provision.system.atomic import write_atomic
-
-    # root's side, kept out of the TaskProlog's start-up (it imports this module to read)
     from hotcache.provision.observe.nodelabels import up_copies
+    from hotcache.provision.system.atomic import write_atomic
 
     listed = up_copies(rows, caches)        # each copy's metadata read once for both lists
     doc = {"kind": KIND, "format": FORMAT, "written_at": now(),
