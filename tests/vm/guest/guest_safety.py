@@ -442,6 +442,66 @@ def _read_uncached(path) -> bytes:
         os.close(fd)
 
 
+class Readers:
+    """Two readers looping over the files `sums` names (name -> sha256) in `folder`, each
+    read from the device, from `with` to its end: a plain one, whose failed reads are
+    counted, and one that retries EIO as the loaders do (adapters/retry.py), which must
+    get every file right in every pass. Both count reads made while `mp` was not
+    mounted."""
+
+    def __init__(self, mp, folder, sums: dict[str, str]):
+        import threading
+
+        self.mp, self.folder, self.sums = mp, folder, sums
+        self.stop = threading.Event()
+        self.seen: dict = {"plain_failed": 0, "plain_reads": 0, "retried_passes": 0,
+                           "wrong": [], "unmounted": 0}
+        self.threads = [threading.Thread(target=f, daemon=True)
+                        for f in (self._plain, self._retried)]
+
+    def _plain(self) -> None:
+        while not self.stop.is_set():
+            for file in self.sums:
+                self.seen["unmounted"] += not os.path.ismount(self.mp)
+                self.seen["plain_reads"] += 1
+                try:
+                    _read_uncached(self.folder / file)
+                except OSError:
+                    self.seen["plain_failed"] += 1
+
+    def _retried(self) -> None:
+        from hotcache.adapters.retry import retrying
+        try:
+            while not self.stop.is_set():
+                for file, want in self.sums.items():
+                    path = self.folder / file
+                    # bounded generously: the guests run under emulation, beside others
+                    data = retrying(lambda: _read_uncached(path), path, 600)
+                    if hashlib.sha256(data).hexdigest() != want:
+                        self.seen["wrong"].append(file)
+                self.seen["retried_passes"] += 1
+        except OSError as exc:      # said by more_passes, not lost with the thread
+            self.seen["error"] = f"{type(exc).__name__}: {exc}"
+
+    def more_passes(self, n: int) -> None:
+        """Wait for `n` more whole passes of the retrying reader, every file right."""
+        done = self.seen["retried_passes"]
+        poll(f"{n} more passes of the reader", lambda: self.seen["retried_passes"] >= done + n
+             or self.seen.get("error"), timeout=900)
+        assert not self.seen.get("error"), self.seen
+
+    def __enter__(self) -> "Readers":
+        for t in self.threads:
+            t.start()
+        self.more_passes(1)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+
+
 def test_failover_keeps_the_filesystem_mounted_and_readers_reading():
     """A writethrough dm-cache whose SSD switches to the error target while two readers
     loop over its files (each read from the device): the watcher, as its service runs it
@@ -453,10 +513,7 @@ def test_failover_keeps_the_filesystem_mounted_and_readers_reading():
     the dm-cache pair the cases above freed."""
     import subprocess
     import sys
-    import threading
     import time
-
-    from hotcache.adapters.retry import retrying
 
     ssd = "/dev/disk/by-id/virtio-ssd-part4"
     sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
@@ -485,58 +542,25 @@ def test_failover_keeps_the_filesystem_mounted_and_readers_reading():
     watcher = subprocess.Popen([str(os.path.join(os.path.dirname(sys.executable), "hotcache")),
                                 "failover", "--watch", "--interval", "0.5"],
                                stdout=subprocess.DEVNULL, stderr=open(log, "w"))
-    stop = threading.Event()
-    seen = {"plain_failed": 0, "plain_reads": 0, "retried_passes": 0, "wrong": [],
-            "unmounted": 0}
-
-    def plain() -> None:
-        while not stop.is_set():
-            for file in sums:
-                seen["unmounted"] += not os.path.ismount(mp)
-                seen["plain_reads"] += 1
-                try:
-                    _read_uncached(folder / file)
-                except OSError:
-                    seen["plain_failed"] += 1
-
-    def retried() -> None:
-        try:
-            while not stop.is_set():
-                for file, want in sums.items():
-                    path = folder / file
-                    # bounded generously: the guests run under emulation, beside others
-                    data = retrying(lambda: _read_uncached(path), path, 600)
-                    if hashlib.sha256(data).hexdigest() != want:
-                        seen["wrong"].append(file)
-                seen["retried_passes"] += 1
-        except OSError as exc:      # said by the poll below, not lost with the thread
-            seen["error"] = f"{type(exc).__name__}: {exc}"
     try:
         poll("the watcher to start", lambda: "watching" in log.read_text(), timeout=120)
-        readers = [threading.Thread(target=f, daemon=True) for f in (plain, retried)]
-        for t in readers:
-            t.start()
-        poll("a first pass of the reader", lambda: seen["retried_passes"] >= 1, timeout=300)
-        quiesce(mp)
-        start = time.monotonic()
-        fail(dm, f"0 {sectors} error")
-        poll("the cache switched to its origin", lambda: sh(
-            "dmsetup", "table", f"hc-{name}").stdout.split()[2:3] == ["linear"],
-            timeout=120, interval=0.05)
-        took = time.monotonic() - start
-        passes = seen["retried_passes"]
-        poll("two more passes of the reader", lambda: seen["retried_passes"] >= passes + 2
-             or seen.get("error"), timeout=900)
-        assert not seen.get("error"), seen
-        stop.set()
-        for t in readers:
-            t.join(120)
+        with Readers(mp, folder, sums) as readers:
+            quiesce(mp)
+            start = time.monotonic()
+            fail(dm, f"0 {sectors} error")
+            poll("the cache switched to its origin", lambda: sh(
+                "dmsetup", "table", f"hc-{name}").stdout.split()[2:3] == ["linear"],
+                timeout=120, interval=0.05)
+            took = time.monotonic() - start
+            readers.more_passes(2)
+        seen = readers.seen
         # the watcher's line comes once its resume returns, which may be well after the
         # switch (the kernel tears down the failed cache table first)
         poll("the watcher to say where the cache runs",
              lambda: "running on the origin since" in log.read_text(), timeout=300)
+        print(f"failover: the watcher's line came {time.monotonic() - start - took:.1f} s "
+              "after the switch", flush=True)
     finally:
-        stop.set()
         watcher.terminate()
         watcher.wait(60)
     (PERSIST / "failover-figures.json").write_text(json.dumps({**seen, "switch_s": took}))
@@ -550,8 +574,70 @@ def test_failover_keeps_the_filesystem_mounted_and_readers_reading():
     res = hotcache("status", name, "--json")
     assert res.code == 5, res.out
     (found,) = [f for f in res.json["caches"][0]["findings"] if f["code"] == "CACHE_FAILED"]
-    assert re.match(r"running on the origin since \S+: cache failed \(dm-cache reports Fail",
-                    found["message"]), found
+    assert re.match(r"running on the origin since \S+: cache failed \(dm-cache reports "
+                    r"(Fail|Error)", found["message"]), found
     entry = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name]
     assert entry["on_origin"]["table"].split()[2] == "linear"
+    new_ssd_attached_under_the_mount(name, spec, dm, sums)
     # Left so for the reboot: guest_safety_reboot.py mounts it from the origin.
+
+
+def mount_id(mp) -> str:
+    """The kernel's ID of the mount at `mp` (a new mount gets a new one)."""
+    for line in open("/proc/self/mountinfo"):
+        fields = line.split()
+        if fields[4] == str(mp):
+            return fields[0]
+    raise AssertionError(f"nothing mounted at {mp}")
+
+
+def new_ssd_attached_under_the_mount(name: str, spec, failed_dm: str,
+                                     sums: dict[str, str]) -> None:
+    """A cache running on its origin gets a new SSD from `hotcache apply`, with no
+    teardown and no unmount: the mount stays the same mount, a file opened before reads
+    on after, and the device is a cache again. Then that SSD dies in turn and the cache
+    is switched to its origin again, as the reboot expects it."""
+    mp = MOUNTS / name
+    folder = mp / "data"
+    part = "/dev/disk/by-id/virtio-ssd-part3"       # free in this chain
+    sh("dd", "if=/dev/zero", f"of={part}", "bs=1M", "count=2", "oflag=direct")
+    sectors = int(sh("blockdev", "--getsz", part).stdout)
+    new = "fonew1"
+    sh("dmsetup", "create", new, "--uuid", f"HOTCACHE-TEST-{new}", "--table",
+       f"0 {sectors} linear {os.path.realpath(part)} 0")
+    sh("udevadm", "settle")
+    before = mount_id(mp)
+    first = next(iter(sums))
+    held = open(folder / first, "rb")
+    spec.write_text(spec.read_text().replace(f"/dev/mapper/{failed_dm}", f"/dev/mapper/{new}"))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    assert "warm-up starts over" in res.out and "umount" not in res.out, res.out
+    assert mount_id(mp) == before, "the filesystem was never unmounted"
+    with held:
+        assert hashlib.sha256(held.read()).hexdigest() == sums[first]
+    assert sh("dmsetup", "table", f"hc-{name}").stdout.split()[2] == "cache"
+    entry = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name]
+    assert "on_origin" not in entry and entry["state"] == "ready", entry
+    row = status(name)
+    assert row["ok"] and row["cache"]["mode"] == "writethrough", row
+    drop_caches()
+    assert checksums(folder, "f") == sums
+
+    quiesce(mp)
+    fail(new, f"0 {sectors} error")
+
+    def switched():
+        drop_caches()
+        for file in sums:           # reads of cached blocks fail until the switch
+            try:
+                _read_uncached(folder / file)
+            except OSError:
+                pass
+        (look,) = hotcache("failover", name, "--json").json["caches"]
+        return look if look["switched"] else None
+    poll("the watcher to switch the new cache to its origin", switched, timeout=300,
+         interval=2)
+    assert mount_id(mp) == before
+    drop_caches()
+    assert checksums(folder, "f") == sums

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from guest_safety import BYSTANDER, CACHE_BY_ID, CACHES, device_sum, dirty, quiesce
+from guest_safety import BYSTANDER, CACHE_BY_ID, CACHES, Readers, device_sum, dirty, quiesce
 from vmlib import (MOUNTS, PERSIST, checksums, drop_caches, hotcache, poll, sh, status,
                    write_files)
 
@@ -241,28 +241,31 @@ def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch,
 
 def fails_over_under_the_mounted_filesystem(name: str, dm: str, sectors: int, folder,
                                             sums: dict[str, str]) -> None:
-    """lvmcache's fail-over: the new SSD dies under the mounted filesystem; the watcher's
-    look (`hotcache failover`, as the service runs it once a second) switches the LV's
-    top device to its origin sub-LV in place: still mounted, every file right, status
-    says where it runs, and the mapping records it."""
-    quiesce(MOUNTS / name)
-    sh("dmsetup", "suspend", "--noflush", dm)
-    sh("dmsetup", "load", dm, "--table", f"0 {sectors} error")
-    sh("dmsetup", "resume", dm)
+    """lvmcache's fail-over: the new SSD dies under the mounted filesystem while two
+    readers loop over the files (guest_safety.Readers); the watcher's look (`hotcache
+    failover`, as the service runs it once a second) switches the LV's top device to its
+    origin sub-LV in place: still mounted throughout, the retrying reader gets every file
+    right in every pass, the plain reader's failed reads are counted, status says where
+    it runs, and the mapping records it."""
+    mp = MOUNTS / name
+    with Readers(mp, folder, sums) as readers:
+        quiesce(mp)
+        sh("dmsetup", "suspend", "--noflush", dm)
+        sh("dmsetup", "load", dm, "--table", f"0 {sectors} error")
+        sh("dmsetup", "resume", dm)
 
-    def switched():
-        drop_caches()
-        for file in sums:           # reads of cached blocks fail until the switch
-            try:
-                (folder / file).read_bytes()
-            except OSError:
-                pass
-        res = hotcache("failover", name, "--json")
-        (look,) = res.json["caches"]
-        return look if look["switched"] else None
-    look = poll("the watcher to switch the cache to its origin", switched, timeout=300,
-                interval=2)
-    assert os.path.ismount(MOUNTS / name)
+        def switched():
+            (look,) = hotcache("failover", name, "--json").json["caches"]
+            return look if look["switched"] else None
+        look = poll("the watcher to switch the cache to its origin", switched, timeout=300,
+                    interval=1)
+        readers.more_passes(2)
+    seen = readers.seen
+    print(f"lvmcache failover: plain reader: {seen['plain_failed']} of {seen['plain_reads']} "
+          f"reads failed; retrying reader: {seen['retried_passes']} passes, every file right",
+          flush=True)
+    assert not seen["wrong"] and seen["unmounted"] == 0, seen
+    assert os.path.ismount(mp)
     assert sh("dmsetup", "table", look["device"]).stdout.split()[2] == "linear", look
     drop_caches()
     assert checksums(folder, "l") == sums
@@ -378,10 +381,10 @@ def test_swapped_equal_size_ssds_are_never_mixed_up_and_a_failed_restore_mounts_
 
 
 def test_a_cache_on_its_origin_is_mounted_from_the_origin_after_the_reboot():
-    """Boot 1 left `fo` switched to its origin (its SSD dead): the boot's restore never
-    loads a table on the failed SSD; it mounts the filesystem from the origin alone, and
-    every file is right. Then a new SSD: `teardown --cache-failed` and `apply` attach a new
-    cache to the same filesystem."""
+    """Boot 1 left `fo` switched to its origin (its second SSD dead): the boot's restore
+    never loads a table on the failed SSD; it mounts the filesystem from the origin alone,
+    and every file is right. Then a new SSD: `apply` alone attaches a new cache to the
+    same filesystem (the origin unmounted for a moment, the cache device mounting it)."""
     name = "fo"
     sums = json.loads((PERSIST / f"sums-{name}.json").read_text())
     res = hotcache("restore", name, "--yes")
@@ -396,8 +399,6 @@ def test_a_cache_on_its_origin_is_mounted_from_the_origin_after_the_reboot():
     assert any(f["message"].startswith("running on the origin since")
                for f in row["findings"]), row["findings"]
 
-    res = hotcache("teardown", name, "--cache-failed", "--yes")
-    assert res.code == 0, res.out
     ssd = "/dev/disk/by-id/virtio-ssd-part4"
     sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
     sectors = int(sh("blockdev", "--getsz", ssd).stdout)
@@ -405,14 +406,15 @@ def test_a_cache_on_its_origin_is_mounted_from_the_origin_after_the_reboot():
     sh("dmsetup", "create", new, "--uuid", f"HOTCACHE-TEST-{new}", "--table",
        f"0 {sectors} linear {os.path.realpath(ssd)} 0")
     sh("udevadm", "settle")
-    fs_uuid = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["detached"][name][
+    fs_uuid = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name][
         "filesystem"]["uuid"]
-    sh("mount", "-o", "noatime", f"UUID={fs_uuid}", MOUNTS / name)
     spec = PERSIST / f"spec-{name}.yaml"
-    spec.write_text(spec.read_text().replace("/dev/mapper/fossd", f"/dev/mapper/{new}"))
+    spec.write_text(spec.read_text().replace("/dev/mapper/fonew1", f"/dev/mapper/{new}"))
     res = hotcache("apply", spec, "--yes")
     assert res.code == 0, res.out
+    assert "warm-up starts over" in res.out, res.out
     entry = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name]
     assert entry["filesystem"]["uuid"] == fs_uuid and "on_origin" not in entry
+    assert sh("dmsetup", "table", f"hc-{name}").stdout.split()[2] == "cache"
     drop_caches()
     assert checksums(MOUNTS / name / "data", "f") == sums
