@@ -269,10 +269,10 @@ class DmCache(Backend):
     @classmethod
     def forget_loses(cls, entry: CacheEntry) -> list[str]:
         st = state.of(entry, DmCacheState)
-        if not st.data_sectors:
-            return []
-        return [f"the dm-cache geometry (block {st.block_sectors} sectors, metadata "
-                f"{st.meta_sectors}, data {st.data_sectors}) needed to load the cache again"]
+        geometry = f"block {st.block_sectors} sectors, metadata {st.meta_sectors}, data " \
+                   f"{st.data_sectors}"
+        return [f"the dm-cache geometry ({geometry}) needed to load the cache again"] \
+            if st.data_sectors else []
 
     def dismantle(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> None:
         runner = self.host.runner
