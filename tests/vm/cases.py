@@ -31,7 +31,8 @@ SAFETY_BOOT1 = ("test_bystander_holds_ext4_data", "test_build_on_kernel_names", 
                 "test_failed_ssd_named_and_torn_down[bcache-3-5]",
                 "test_failed_ssd_named_and_torn_down[dm-cache-4-6]",
                 "test_failed_writeback_ssd_needs_the_loss_acknowledged",
-                "test_failover_keeps_the_filesystem_mounted_and_readers_reading")
+                "test_failover_keeps_the_filesystem_mounted_and_readers_reading",
+                "test_lvmcache_switched_to_its_origin_is_left_so_for_the_reboot")
 SAFETY_BOOT2 = ("test_disks_changed_order", "test_teardown_of_a_cache_not_loaded_is_refused",
                 "test_restore_finds_each_cache_by_identity",
                 "test_teardown_after_restore_puts_every_file_on_the_origin",
@@ -39,7 +40,8 @@ SAFETY_BOOT2 = ("test_disks_changed_order", "test_teardown_of_a_cache_not_loaded
                 "test_lvmcache_lv_renamed_between_boots_is_refused_and_nothing_is_wiped",
                 "test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached",
                 "test_swapped_equal_size_ssds_are_never_mixed_up_and_a_failed_restore_mounts_nothing",
-                "test_a_cache_on_its_origin_is_mounted_from_the_origin_after_the_reboot")
+                "test_a_cache_on_its_origin_is_mounted_from_the_origin_after_the_reboot",
+                "test_lvmcache_on_its_origin_is_mounted_from_its_lv_after_the_reboot")
 SAFETY_ORDERS = (("ssd", "hdd", "ssd2", "by"), ("by", "hdd", "ssd", "ssd2"))
 BYSTANDER_MIB = 192
 SSD2_MIB, SSD2_PARTS_MIB = 420, (320, 80)      # part 1: an origin (XFS needs 300 MiB), 2: its cache

@@ -7,7 +7,8 @@ Four chains of boots, side by side, each on fresh sparse images of its own:
   cases run in two chains: lvmcache's (the slowest) in one, bcache's, dm-cache's and the
   power cut during hot copies (guest/powercut.py, after the first boot) in the other;
 - storage safety: guest/guest_safety.py, then guest/guest_safety_reboot.py with the disks
-  in another order; its fault cases, which need no reboot, in a chain of one boot.
+  in another order; its fault cases in a chain of their own (lvmcache's fail-over with
+  its reboot).
 A guest that cannot boot fails these tests; it never skips them.
 """
 
@@ -104,10 +105,13 @@ def backend_boots(work: Path, cases: str, then: str = "") -> dict:
                             ("guest_reboot.py", "boot2.xml", "", None, cases)])
 
 
-# Storage safety's cases that fail a device and clean up after themselves in one boot:
-# a chain of their own, one boot, so that the safety chain's two boots are not the
-# tier's long pole. (The fail-over case stays: the reboot checks what it left.)
-SAFETY_FAULTS = "failing_during_teardown or failed_ssd_named or failed_writeback"
+# Storage safety's cases that fail a device, in a chain of their own so that the safety
+# chain's two boots are not the tier's long pole: those that clean up after themselves,
+# and lvmcache's fail-over, whose reboot (FAULTS_REBOOT) is that chain's second boot.
+# (dm-cache's fail-over stays: the safety chain's reboot checks what it left.)
+SAFETY_FAULTS = ("failing_during_teardown or failed_ssd_named or failed_writeback or "
+                 "lvmcache_switched")
+FAULTS_REBOOT = "lvmcache_on_its_origin"
 
 
 def safety_images(work: Path) -> None:
@@ -124,14 +128,17 @@ def safety_boots(work: Path) -> dict:
     safety_images(work)
     return run_boots(work, [
         ("guest_safety.py", "safety1.xml", "", SAFETY_ORDERS[0], f"not ({SAFETY_FAULTS})"),
-        ("guest_safety_reboot.py", "safety2.xml", "", SAFETY_ORDERS[1], "")])
+        ("guest_safety_reboot.py", "safety2.xml", "", SAFETY_ORDERS[1],
+         f"not ({FAULTS_REBOOT})")])
 
 
-def fault_boot(work: Path) -> dict:
-    """Storage safety's fault cases, one boot on disks of their own."""
+def fault_boots(work: Path) -> dict:
+    """Storage safety's fault cases on disks of their own, then the reboot that checks
+    lvmcache's fail-over."""
     safety_images(work)
-    return run_boots(work, [("guest_safety.py", "faults.xml", "", SAFETY_ORDERS[0],
-                             SAFETY_FAULTS)])
+    return run_boots(work, [
+        ("guest_safety.py", "faults.xml", "", SAFETY_ORDERS[0], SAFETY_FAULTS),
+        ("guest_safety_reboot.py", "faults2.xml", "", SAFETY_ORDERS[1], FAULTS_REBOOT)])
 
 
 # The backends' cases in two chains: lvmcache's (its parametrized cases and those named
@@ -142,7 +149,7 @@ BACKEND_CHAINS = {"backends": ("not lvmcache", "powercut.py"), "lvmcache": ("lvm
 # The chains behind each session fixture, one worker thread each.
 CHAINS = {"guest": {chain: functools.partial(backend_boots, cases=cases, then=then)
                     for chain, (cases, then) in BACKEND_CHAINS.items()},
-          "safety_guest": {"safety": safety_boots, "faults": fault_boot}}
+          "safety_guest": {"safety": safety_boots, "faults": fault_boots}}
 # Boot chains started when collection ends (tests/vm/conftest.py), so that the guests
 # boot while the host tiers run: each is mostly one busy thread, and the session then
 # waits for the slowest of them rather than for their sum.

@@ -641,3 +641,75 @@ def new_ssd_attached_under_the_mount(name: str, spec, failed_dm: str,
     assert mount_id(mp) == before
     drop_caches()
     assert checksums(folder, "f") == sums
+
+
+def fails_over_under_the_mounted_filesystem(name: str, dm: str, sectors: int, folder,
+                                            sums: dict[str, str], prefix: str) -> None:
+    """lvmcache's fail-over: the new SSD dies under the mounted filesystem while two
+    readers loop over the files (guest_safety.Readers); the watcher's look (`hotcache
+    failover`, as the service runs it once a second) switches the LV's top device to its
+    origin sub-LV in place: still mounted throughout, the retrying reader gets every file
+    right in every pass, the plain reader's failed reads are counted, status says where
+    it runs, and the mapping records it."""
+    mp = MOUNTS / name
+    with Readers(mp, folder, sums) as readers:
+        quiesce(mp)
+        sh("dmsetup", "suspend", "--noflush", dm)
+        sh("dmsetup", "load", dm, "--table", f"0 {sectors} error")
+        sh("dmsetup", "resume", dm)
+
+        def switched():
+            (look,) = hotcache("failover", name, "--json").json["caches"]
+            return look if look["switched"] else None
+        look = poll("the watcher to switch the cache to its origin", switched, timeout=300,
+                    interval=1)
+        readers.more_passes(2)
+    seen = readers.seen
+    print(f"lvmcache failover: plain reader: {seen['plain_failed']} of {seen['plain_reads']} "
+          f"reads failed; retrying reader: {seen['retried_passes']} passes, every file right",
+          flush=True)
+    assert not seen["wrong"] and seen["unmounted"] == 0, seen
+    assert os.path.ismount(mp)
+    assert sh("dmsetup", "table", look["device"]).stdout.split()[2] == "linear", look
+    drop_caches()
+    assert checksums(folder, prefix) == sums
+    res = hotcache("status", name, "--json")
+    assert res.code == 5, res.out
+    (found,) = [f for f in res.json["caches"][0]["findings"] if f["code"] == "CACHE_FAILED"]
+    assert found["message"].startswith("running on the origin since "), found
+    entry = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name]
+    assert entry["on_origin"]["table"].split()[2] == "linear", entry
+
+
+def test_lvmcache_switched_to_its_origin_is_left_so_for_the_reboot(monkeypatch, tmp_path):
+    """lvmcache in writethrough (origin hdd part 1; its SSD a dm-linear device with a dm
+    UUID over ssd part 1, which a global_filter hides from LVM, as the partition would
+    show the same PV twice), its SSD failing while two readers read: switched to its
+    origin sub-LV under the mounted filesystem. Then the SSD is gone for good (its PV
+    label erased, as a dead disk shows none at the next boot); guest_safety_reboot.py
+    checks what the boot's restore makes of it."""
+    part = os.path.realpath("/dev/disk/by-id/virtio-ssd-part1")
+    (tmp_path / "lvm.conf").write_text(
+        f'devices {{ global_filter = [ "r|^{part}$|", "r|ssd-part1$|" ] }}\n')
+    monkeypatch.setenv("LVM_SYSTEM_DIR", str(tmp_path))
+    sh("dd", "if=/dev/zero", f"of={part}", "bs=1M", "count=2", "oflag=direct")
+    sectors = int(sh("blockdev", "--getsz", part).stdout)
+    dm, name = "lvmfo", "lo"
+    sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table",
+       f"0 {sectors} linear {part} 0")
+    sh("udevadm", "settle")
+    spec = PERSIST / f"spec-{name}.yaml"
+    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
+        "name": name, "backend": "lvmcache", "mode": "writethrough",
+        "origin": {"path": "/dev/disk/by-id/virtio-hdd-part1", "wipe": True},
+        "cache": f"/dev/mapper/{dm}", "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    folder = MOUNTS / name / "data"
+    sums = write_files(folder, 40, 64 * 1024, "o")
+    for _ in range(3):                  # read through the cache (smq promotes re-reads)
+        drop_caches()
+        assert checksums(folder, "o") == sums
+    (PERSIST / f"sums-{name}.json").write_text(json.dumps(sums))
+    fails_over_under_the_mounted_filesystem(name, dm, sectors, folder, sums, "o")
+    sh("dd", "if=/dev/zero", f"of={part}", "bs=1M", "count=2", "oflag=direct")

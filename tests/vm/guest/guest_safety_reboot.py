@@ -14,7 +14,8 @@ import subprocess
 from pathlib import Path
 
 import yaml
-from guest_safety import BYSTANDER, CACHE_BY_ID, CACHES, Readers, device_sum, dirty, quiesce
+from guest_safety import (BYSTANDER, CACHE_BY_ID, CACHES, device_sum, dirty,
+                          fails_over_under_the_mounted_filesystem)
 from vmlib import (MOUNTS, PERSIST, checksums, drop_caches, hotcache, poll, sh, status,
                    write_files)
 
@@ -229,7 +230,7 @@ def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch,
     assert checksums(folder, "l") == sums
     row = status(name)
     assert row["ok"] and row["cache"]["mode"] == "writethrough", row
-    fails_over_under_the_mounted_filesystem(name, new, sectors, folder, sums)
+    fails_over_under_the_mounted_filesystem(name, new, sectors, folder, sums, "l")
     res = hotcache("teardown", name, "--cache-failed", "--yes")
     assert res.code == 0, res.out
     sh("udevadm", "settle")
@@ -237,44 +238,6 @@ def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch,
     assert checksums(folder, "l") == sums
     sh("umount", MOUNTS / name)
     sh("dmsetup", "remove", new)
-
-
-def fails_over_under_the_mounted_filesystem(name: str, dm: str, sectors: int, folder,
-                                            sums: dict[str, str]) -> None:
-    """lvmcache's fail-over: the new SSD dies under the mounted filesystem while two
-    readers loop over the files (guest_safety.Readers); the watcher's look (`hotcache
-    failover`, as the service runs it once a second) switches the LV's top device to its
-    origin sub-LV in place: still mounted throughout, the retrying reader gets every file
-    right in every pass, the plain reader's failed reads are counted, status says where
-    it runs, and the mapping records it."""
-    mp = MOUNTS / name
-    with Readers(mp, folder, sums) as readers:
-        quiesce(mp)
-        sh("dmsetup", "suspend", "--noflush", dm)
-        sh("dmsetup", "load", dm, "--table", f"0 {sectors} error")
-        sh("dmsetup", "resume", dm)
-
-        def switched():
-            (look,) = hotcache("failover", name, "--json").json["caches"]
-            return look if look["switched"] else None
-        look = poll("the watcher to switch the cache to its origin", switched, timeout=300,
-                    interval=1)
-        readers.more_passes(2)
-    seen = readers.seen
-    print(f"lvmcache failover: plain reader: {seen['plain_failed']} of {seen['plain_reads']} "
-          f"reads failed; retrying reader: {seen['retried_passes']} passes, every file right",
-          flush=True)
-    assert not seen["wrong"] and seen["unmounted"] == 0, seen
-    assert os.path.ismount(mp)
-    assert sh("dmsetup", "table", look["device"]).stdout.split()[2] == "linear", look
-    drop_caches()
-    assert checksums(folder, "l") == sums
-    res = hotcache("status", name, "--json")
-    assert res.code == 5, res.out
-    (found,) = [f for f in res.json["caches"][0]["findings"] if f["code"] == "CACHE_FAILED"]
-    assert found["message"].startswith("running on the origin since "), found
-    entry = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name]
-    assert entry["on_origin"]["table"].split()[2] == "linear", entry
 
 
 # Two equal-size "slots" whose identity (a dm UUID, as a QEMU SATA or libvirt SCSI serial)
@@ -418,3 +381,28 @@ def test_a_cache_on_its_origin_is_mounted_from_the_origin_after_the_reboot():
     assert sh("dmsetup", "table", f"hc-{name}").stdout.split()[2] == "cache"
     drop_caches()
     assert checksums(MOUNTS / name / "data", "f") == sums
+
+
+def test_lvmcache_on_its_origin_is_mounted_from_its_lv_after_the_reboot():
+    """Boot 1 (the fault chain's) left lvmcache `lo` switched to its origin sub-LV, then
+    its SSD went for good: the boot's restore never activates the cache on it. lvm2
+    takes the cache volume off the inactive LV, the missing PV leaves the VG, and the LV,
+    now on the origin alone, is mounted: every file right, status saying where it runs."""
+    name = "lo"
+    sums = json.loads((PERSIST / f"sums-{name}.json").read_text())
+    res = hotcache("restore", name, "--yes")
+    assert res.code == 0, res.out
+    st = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name][
+        "backend_state"]
+    lv = f"{st['vg']}/{st['origin_lv']}"
+    mounted = {line.split()[1]: line.split()[0] for line in open("/proc/mounts")}
+    assert os.path.realpath(mounted[str(MOUNTS / name)]) == os.path.realpath(f"/dev/{lv}"), \
+        mounted
+    cfg = ["--config", "devices { use_devicesfile=0 }"]
+    segtype = sh("lvs", *cfg, "--noheadings", "-o", "segtype", lv).stdout.strip()
+    assert segtype == "linear", segtype         # the cache volume is off the LV
+    drop_caches()
+    assert checksums(MOUNTS / name / "data", "o") == sums
+    row = status(name)
+    assert any(f["message"].startswith("running on the origin since")
+               for f in row["findings"]), row["findings"]
