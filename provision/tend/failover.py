@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 
 from hotcache.provision import mapping
 from hotcache.provision.backends import get as get_backend
@@ -39,6 +40,20 @@ from hotcache.provision.system.clock import now
 
 READ_TIMEOUT = 5.0      # seconds a status read may take before the verdict is `unanswered`
 INTERVAL = 1.0          # seconds between two passes
+
+
+class OutcomeDoc(TypedDict):
+    """One cache's row of `hotcache failover --json`."""
+    name: str
+    device: str | None
+    action: str
+    said: str | None
+    kernel: str | None
+    mode: str | None
+    dirty_bytes: int | None
+    switched: bool
+    on_origin_since: str | None
+    message: str
 
 
 @dataclass(frozen=True)
@@ -70,7 +85,7 @@ class Outcome:
             return f"{self.name}: healthy"
         return f"{self.name}: {d.action}{': ' + d.said if d.said else ''}"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> OutcomeDoc:
         d = self.decision
         return {"name": self.name, "device": self.device, "action": d.action,
                 "said": d.said or None, "kernel": d.kernel or None, "mode": d.mode,
@@ -123,7 +138,7 @@ class BoundedReads:
         return table, box.get("status"), box.get("why") or ""
 
 
-def watched(data: dict, names: Iterable[str] | None = None) -> dict[str, CacheEntry]:
+def watched(data: dict[str, Any], names: Iterable[str] | None = None) -> dict[str, CacheEntry]:
     """The caches a pass looks at: built ones (or those named)."""
     chosen = list(names) if names else list(data["caches"])
     return {n: data["caches"][n] for n in chosen
@@ -218,8 +233,10 @@ class Watcher:
 
 
 def record(state_path: Path, name: str, moved: OnOrigin) -> None:
-    """Note in the mapping that `name` runs on its origin."""
+    """Note in the mapping that `name` runs on its origin: only on the built entry the
+    pass looked at. One that an apply rewrote since (a new SSD attached in place of the
+    linear mapping, state `building`) is the apply's to record."""
     with mapping.editing(state_path) as data:
         entry = data["caches"].get(name)
-        if entry is not None:
+        if entry is not None and entry.state == EntryState.READY:
             entry.on_origin = moved

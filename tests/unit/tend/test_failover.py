@@ -253,6 +253,21 @@ def test_a_switch_whose_resume_answered_too_late_is_recorded_on_the_next_pass(en
     assert said[-1].startswith(f"c1: running on the origin since {moved.since}"), said
 
 
+def test_an_entry_an_apply_rewrote_meanwhile_is_not_marked_on_the_origin(env):
+    """The watcher found the linear table unrecorded, but before it writes, an apply that
+    attaches a new SSD in place of the linear mapping has recorded the cache as building:
+    the apply's record is left as it wrote it."""
+    from hotcache.provision.records import OnOrigin
+    from hotcache.provision.tend.failover import record
+
+    save(env, c1=entry(spec=dict(SPEC, mode="writethrough"), state="building"))
+    record(env.state, "c1", OnOrigin(since="t", said="", device="hc-c1", table=LINEAR))
+    assert mapping.load(env.state)["caches"]["c1"].on_origin is None
+    save(env, c1=entry(spec=dict(SPEC, mode="writethrough")))
+    record(env.state, "c1", OnOrigin(since="t", said="", device="hc-c1", table=LINEAR))
+    assert mapping.load(env.state)["caches"]["c1"].on_origin is not None
+
+
 def test_the_watcher_raises_the_alarm_once_and_switches_nothing_with_dirty_data(env):
     save(env, c1=entry())       # writeback
     fake, said = dm("writeback"), []
