@@ -179,7 +179,7 @@ def files_under(root_fd: int) -> list[tuple[Path, int]]:
 
 
 def read_file(root_fd: int, rel: Path, evict: bool, meter: NullMeter,
-              local) -> tuple[int, float]:
+              local: threading.local) -> tuple[int, float]:
     """Read one file beneath `root_fd` (no symlink followed on the way: a folder swapped
     for a symlink since the listing is an error, not a read elsewhere); (bytes, seconds
     the read took)."""
@@ -286,7 +286,7 @@ def backing(path: Path, state: Path | None) -> tuple[str, CacheEntry] | None:
         return None   # an unreadable mapping: warm the page cache all the same
 
 
-def backend_stats(entry: CacheEntry, runner) -> Callable[[], CacheStats | None]:
+def backend_stats(entry: CacheEntry, runner: Runner) -> Callable[[], CacheStats | None]:
     host = Host(runner)
     backend = get(entry.backend, host)
 
@@ -416,7 +416,7 @@ def settled(passes: list[PassDoc]) -> str | None:
     return None
 
 
-def origin_reads(path: Path, runner) -> Callable[[], int | None] | None:
+def origin_reads(path: Path, runner: Runner) -> Callable[[], int | None] | None:
     """A reader of the bytes read so far from the slow device behind the block cache that
     holds `path` (its /sys/class/block/.../stat), or None when there is none to find.
     The origin's own counter says what the caches' statistics may not: bcache folds its
@@ -508,7 +508,7 @@ def sweep(reader: Reader, files: list[tuple[Path, int]]) -> list[WindowDoc]:
 
 
 def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None = None,
-         runner=None, meter: NullMeter | None = None,
+         runner: Runner | None = None, meter: NullMeter | None = None,
          stats: Callable[[], CacheStats | None] | None = None, backend: str | None = None,
          origin: Callable[[], int | None] | None = None,
          order: Path | None = None) -> WarmReport:
@@ -554,7 +554,8 @@ def warm(path: Path, *, jobs: int = 0, max_passes: int = 8, state: Path | None =
         os.close(root_fd)
 
 
-def _read_ahead(path, root_fd, order, jobs, meter, backend, cache) -> WarmReport:
+def _read_ahead(path: Path, root_fd: int, order: Path, jobs: int, meter: NullMeter,
+                backend: str, cache: str | None) -> WarmReport:
     """One pass over the files `order` lists, in its order (with several readers each
     takes the next file in the list, so the reads run at most `jobs` files apart)."""
     files = ordered_files(root_fd, path, order)
@@ -568,7 +569,9 @@ def _read_ahead(path, root_fd, order, jobs, meter, backend, cache) -> WarmReport
             "before": None, "after": None, "hit_ratio_before": None, "hit_ratio_after": None}
 
 
-def _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache) -> WarmReport:
+def _warm(path: Path, root_fd: int, jobs: int, max_passes: int, meter: NullMeter,
+          stats: Callable[[], CacheStats | None], backend: str,
+          origin: Callable[[], int | None] | None, cache: str | None) -> WarmReport:
     files = _listing(path, root_fd)
     facts = BACKENDS.get(backend)
     block = facts is not None and facts.block_cache
@@ -585,7 +588,7 @@ def _warm(path, root_fd, jobs, max_passes, meter, stats, backend, origin, cache)
             "metadata_reread": block and reader.metadata, "sweep": swept,
             "passes": passes, "focus": focused, "stopped": reason,
             "before": before, "after": last,
-            "hit_ratio_before": (before or {}).get("hit_ratio"),
+            "hit_ratio_before": before.get("hit_ratio") if before else None,
             "hit_ratio_after": last.get("hit_ratio") if last else None}
 
 

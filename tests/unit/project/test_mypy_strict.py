@@ -1,4 +1,4 @@
-"""The packages that touch the kernel (backends/, with parts/, and block/) are type-checked
+"""The packages that touch the kernel (backends/, with parts/, block/ and tend/) are type-checked
 with every flag of mypy's `--strict`, set per module in pyproject.toml's [tool.mypy]: read
 here the way mypy reads it, so that relaxing one flag fails a test, and checked on a
 planted untyped def, so that the setting demonstrably reaches those packages."""
@@ -15,11 +15,13 @@ import pytest
 mypy_main = pytest.importorskip("mypy.main")
 
 ROOT = Path(__file__).resolve().parents[3]
-STRICT_PACKAGES = ("hotcache.provision.backends", "hotcache.provision.block")
+STRICT_PACKAGES = ("hotcache.provision.backends", "hotcache.provision.block",
+                   "hotcache.provision.tend")
 # Each package itself, a module of it and of a subpackage.
 MODULES = ("hotcache.provision.backends", "hotcache.provision.backends.bcache",
            "hotcache.provision.backends.parts", "hotcache.provision.backends.parts.dmtable",
-           "hotcache.provision.block", "hotcache.provision.block.host")
+           "hotcache.provision.block", "hotcache.provision.block.host",
+           "hotcache.provision.tend", "hotcache.provision.tend.failover")
 
 
 def options(*args: str):
