@@ -444,11 +444,21 @@ def _new_ssd_refused(p: Planner, spec: CacheSpec, entry: CacheEntry) -> str | No
                 f"{entry.backend} takes the failed cache off only with the filesystem "
                 f"unmounted: `hotcache teardown {spec.name} --cache-failed` does that, "
                 "then `hotcache apply SPEC` attaches the new SSD")
+    named = spec.devices().get("cache")
+    was = entry.devices.get("cache")
+    if named is not None and was is not None and (
+            named.path == was.path if named.path else
+            named.loop is not None and os.path.realpath(named.loop.file) == was.loop_file):
+        # The spec as it was before the SSD failed (a routine apply): what that name
+        # points at now is not consent to attach a cache there, `wipe: true` or not.
+        return (f"{spec.name}: it runs on its origin since its SSD failed, and the spec "
+                f"still names the cache device it was built on ({named.label}). Name the "
+                "new SSD as the cache device (by what it is: a /dev/disk/by-id path), then "
+                "apply again")
     try:
         failed = recorded.locate(entry, "cache", host).node
     except (OSError, HotcacheError):
         failed = None   # a dead SSD that cannot be probed: the spec's device is probed next
-    named = spec.devices().get("cache")
     if failed is not None and named is not None and failed == _named_now(host, named):
         return (f"{spec.name}.cache ({named.label}): that is the SSD that failed "
                 f"({failed}); {spec.name} runs on its origin. Name a new SSD as the cache "

@@ -115,13 +115,29 @@ def test_dm_cache_after_a_boot_the_origin_is_unmounted_for_the_attach(fake):
     ]
 
 
-def test_a_spec_that_still_names_the_failed_ssd_is_refused(fake):
+def with_cache(path: str) -> HostSpec:
+    doc = spec("dm-cache").model_dump(mode="json")
+    doc["caches"][0]["cache"]["path"] = path
+    return HostSpec.model_validate(doc)
+
+
+def test_the_spec_as_it_was_is_never_consent_to_attach_whatever_its_name_shows(fake):
+    """A routine apply (Ansible's, every play) of the spec as it was before the SSD
+    failed: even where that kernel name now shows another disk, with `wipe: true` in the
+    spec, nothing is planned."""
     switched(fake)
-    failed_ssd = spec("dm-cache").model_dump(mode="json")
-    failed_ssd["caches"][0]["cache"]["path"] = "/dev/vdc"
-    with pytest.raises(RefusedError, match=r"c1.cache \(/dev/vdc\): that is the SSD that "
-                                           r"failed \(/dev/vdc\)"):
-        plan_apply(HostSpec.model_validate(failed_ssd), fake.env_)
+    fake.unplug("vdc")                      # the failed SSD pulled; vdc now another disk
+    fake.disk("vdc", "data7", 256)
+    with pytest.raises(RefusedError, match=r"still names the cache device it was built on "
+                                           r"\(/dev/vdc\)"):
+        plan_apply(with_cache("/dev/vdc"), fake.env_)
+
+
+def test_a_spec_that_names_the_failed_ssd_another_way_is_refused(fake):
+    switched(fake)
+    with pytest.raises(RefusedError, match=r"c1.cache \(/dev/disk/by-id/virtio-ssd1\): "
+                                           r"that is the SSD that failed \(/dev/vdc\)"):
+        plan_apply(with_cache("/dev/disk/by-id/virtio-ssd1"), fake.env_)
 
 
 def test_lvmcache_on_its_origin_is_refused_naming_the_teardown_that_works(fake):
