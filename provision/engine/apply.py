@@ -412,6 +412,10 @@ def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
             waiting = reattach.seed(entry, get_backend(entry.backend, p.env.host)
                                     .surviving_state(entry))
             entry = None
+        why = _spec_as_it_was(cache, waiting) if waiting is not None and entry is None else None
+        if why:
+            refusals.append(why)
+            continue
         if waiting is not None and waiting.backend != cache.backend:
             refusals.append(f"{cache.name}: its origin kept the filesystem of a "
                             f"{waiting.backend} cache whose SSD failed; a {cache.backend} "
@@ -434,6 +438,20 @@ def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
     return plan
 
 
+def _spec_as_it_was(spec: CacheSpec, waiting: CacheEntry) -> str | None:
+    """Why a spec cannot attach a new SSD to a cache whose SSD failed (`waiting`, what
+    survives of it): it still names the cache device as it did before (a routine apply,
+    Ansible's on every play), and what that name shows now is no consent to attach a
+    cache there, `wipe: true` or not. None: it names another device."""
+    named = spec.devices().get("cache")
+    image = os.path.realpath(named.loop.file) if named and named.loop else None
+    if named is None or not reattach.failed_ssd_named(waiting, named.path, image):
+        return None
+    return (f"{spec.name}: its SSD failed, and the spec still names the cache device it was "
+            f"built on ({named.label}). Name the new SSD as the cache device (by what it is: "
+            "a /dev/disk/by-id path), then apply again")
+
+
 def _new_ssd_refused(p: Planner, spec: CacheSpec, entry: CacheEntry) -> str | None:
     """Why a cache running on its origin since its SSD failed cannot take the SSD the
     spec names: the spec still names the failed one, or the backend cannot attach a new
@@ -445,16 +463,9 @@ def _new_ssd_refused(p: Planner, spec: CacheSpec, entry: CacheEntry) -> str | No
                 f"unmounted: `hotcache teardown {spec.name} --cache-failed` does that, "
                 "then `hotcache apply SPEC` attaches the new SSD")
     named = spec.devices().get("cache")
-    was = entry.devices.get("cache")
-    if named is not None and was is not None and (
-            named.path == was.path if named.path else
-            named.loop is not None and os.path.realpath(named.loop.file) == was.loop_file):
-        # The spec as it was before the SSD failed (a routine apply): what that name
-        # points at now is not consent to attach a cache there, `wipe: true` or not.
-        return (f"{spec.name}: it runs on its origin since its SSD failed, and the spec "
-                f"still names the cache device it was built on ({named.label}). Name the "
-                "new SSD as the cache device (by what it is: a /dev/disk/by-id path), then "
-                "apply again")
+    why = _spec_as_it_was(spec, reattach.seed(entry, {}))
+    if why:
+        return why
     try:
         failed = recorded.locate(entry, "cache", host).node
     except (OSError, HotcacheError):

@@ -162,3 +162,17 @@ def test_doctor_tells_a_cache_on_its_origin_to_apply_a_new_ssd_not_to_take_it_ap
     assert code == "CACHE_FAILED" and moved.startswith("c1 runs on its origin"), moved
     assert "`hotcache apply SPEC` attaches a new cache" in moved
     assert "takes the cache apart" in fix(None)[1]
+
+
+def test_after_a_teardown_too_the_spec_as_it_was_attaches_nothing(fake):
+    """The same after `teardown --cache-failed`: its record keeps how the spec named the
+    failed SSD, and a routine apply of that spec plans nothing, `wipe: true` or not."""
+    from tests.unit.engine.test_reattach import dm_detached
+
+    dm_detached(fake)
+    fake.unplug("vdc")
+    fake.disk("vdc", "data7", 256)
+    with pytest.raises(RefusedError, match=r"its SSD failed, and the spec still names the "
+                                           r"cache device it was built on \(/dev/vdc\)"):
+        plan_apply(with_cache("/dev/vdc"), fake.env_)
+    assert steps(plan_apply(spec("dm-cache"), fake.env_))      # a new SSD named: planned
