@@ -18,8 +18,14 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hotcache.provision.system import units
+
+if TYPE_CHECKING:
+    from hotcache.provision.engine.apply import Planner
+    from hotcache.provision.engine.spec import CacheSpec
+    from hotcache.provision.plan import RunContext
 
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
 
@@ -61,7 +67,7 @@ def device_unit(node: str) -> str:
     return path_unit(node, "device")
 
 
-def device_paths(spec) -> list[str]:
+def device_paths(spec: CacheSpec) -> list[str]:
     """The device paths the spec names for cache `spec` (what restore waits for). A
     loop-backed image has none: restore attaches it itself."""
     return sorted({ref.path for ref in spec.devices().values() if ref.path})
@@ -120,7 +126,7 @@ def mounts_for(mountpoint: str, paths: Sequence[str]) -> str:
     return " ".join(out)
 
 
-def plan_unit(p, spec) -> None:
+def plan_unit(p: Planner, spec: CacheSpec) -> None:
     """Queue writing and enabling the restore unit of `spec` if it is not as it should be."""
     directory = unit_dir()
     unit = directory / unit_name(spec.name)
@@ -130,20 +136,20 @@ def plan_unit(p, spec) -> None:
     if units.is_installed(unit, want, wants):
         return
 
-    def install(ctx) -> None:
+    def install(ctx: RunContext) -> None:
         if not ctx.runner.dry_run:
             units.install(unit, want, wants)
     p.do(f"install and enable {unit} (restores the cache at boot, before its mount)", install)
 
 
-def remove_unit(p, cache: str) -> None:
+def remove_unit(p: Planner, cache: str) -> None:
     directory = unit_dir()
     unit = directory / unit_name(cache)
     wants = directory / "local-fs.target.wants" / unit.name
     if not (unit.exists() or wants.is_symlink()):
         return
 
-    def remove(ctx) -> None:
+    def remove(ctx: RunContext) -> None:
         if ctx.runner.dry_run:
             return
         for path in (wants, unit):

@@ -7,9 +7,14 @@ restarted if it ever stops. Its file goes to HOTCACHE_UNIT_DIR like the restore 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hotcache.provision.engine.bootunit import DEFAULT_UNIT_DIR, hotcache_program, unit_dir
 from hotcache.provision.system import units
+
+if TYPE_CHECKING:
+    from hotcache.provision.engine.apply import Planner
+    from hotcache.provision.plan import RunContext
 
 UNIT = "hotcache-failover.service"
 
@@ -33,7 +38,7 @@ WantedBy=multi-user.target
 """
 
 
-def plan_unit(p) -> None:
+def plan_unit(p: Planner) -> None:
     """Queue writing, enabling and (where systemd runs) starting the watcher's service,
     if it is not as it should be."""
     directory = unit_dir()
@@ -43,7 +48,7 @@ def plan_unit(p) -> None:
     if units.is_installed(unit, want, wants):
         return
 
-    def install(ctx) -> None:
+    def install(ctx: RunContext) -> None:
         if ctx.runner.dry_run:
             return
         units.install(unit, want, wants)
@@ -54,7 +59,7 @@ def plan_unit(p) -> None:
          "origin, under the mounted filesystem)", install)
 
 
-def plan_removal(p) -> None:
+def plan_removal(p: Planner) -> None:
     """Queue stopping, disabling and removing the watcher's service (the teardown of the
     last cache that can fail over), if it is installed."""
     directory = unit_dir()
@@ -69,7 +74,7 @@ def plan_removal(p) -> None:
     if text is not None and text != unit_text(p.env.state.absolute()):
         return      # it watches another mapping (another --state): not this one's to remove
 
-    def remove(ctx) -> None:
+    def remove(ctx: RunContext) -> None:
         if ctx.runner.dry_run:
             return
         systemd = directory == Path(DEFAULT_UNIT_DIR) and Path("/run/systemd/system").is_dir()

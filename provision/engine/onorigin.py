@@ -16,6 +16,7 @@ tend/failover.py; the mapping records `on_origin`).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from hotcache.provision.backends import get as get_backend
 from hotcache.provision.backends.parts import recorded
@@ -24,6 +25,9 @@ from hotcache.provision.engine.statusrow import CacheFailure
 from hotcache.provision.plan import Plan
 from hotcache.provision.records import CacheEntry
 from hotcache.provision.system.waits import wait_until
+
+if TYPE_CHECKING:
+    from hotcache.provision.engine.apply import Env
 
 
 def message(entry: CacheEntry) -> str | None:
@@ -49,7 +53,7 @@ def failure(entry: CacheEntry) -> CacheFailure | None:
 DEVICE_WAIT = 60.0
 
 
-def plan_restore(env, name: str, entry: CacheEntry, plan: Plan) -> None:
+def plan_restore(env: Env, name: str, entry: CacheEntry, plan: Plan) -> None:
     """Queue what a boot needs to mount cache `name`, on its origin since its SSD
     failed, from the origin alone (see the module's docstring)."""
     # start-up: status imports this module; the planner and the spec's pydantic models

@@ -73,11 +73,11 @@ def differences(before: Snapshot, now: Snapshot | None, *, sig: bool) -> list[st
     return out
 
 
-def _sig(sig: tuple) -> str:
+def _sig(sig: tuple[str | None, str | None]) -> str:
     return " ".join(v for v in sig if v) or "none"
 
 
-def _shown(value) -> str:
+def _shown(value: object) -> str:
     if isinstance(value, tuple):
         return ", ".join(_shown(v) if isinstance(v, tuple) else str(v)
                          for v in value if v) or "none"
@@ -115,7 +115,7 @@ class Guard:
                      "`hotcache status`) and plan again")
 
 
-def guard(host: Host, cache: str, summary: str, argv: list, touched: set[str]) -> Guard:
+def guard(host: Host, cache: str, summary: str, argv: list[str | Ref], touched: set[str]) -> Guard:
     """A Guard for a step about to be queued; `touched`: nodes an earlier destructive
     step of the plan already wrote to (their signature is expected to change)."""
     before, loops = [], []

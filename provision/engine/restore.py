@@ -18,16 +18,17 @@ from hotcache.provision.backends import BACKENDS
 from hotcache.provision.block import identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.engine import onorigin
-from hotcache.provision.engine.apply import plan_apply
+from hotcache.provision.engine.apply import Env, plan_apply
 from hotcache.provision.engine.spec import CacheSpec, HostSpec, without_wipe
 from hotcache.provision.errors import HotcacheError, UsageError
 from hotcache.provision.plan import Plan
+from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.waits import wait_until
 
 DEVICE_WAIT = 60.0     # seconds restore waits for a cache's devices to appear at boot
 
 
-def recorded_spec(state_path: Path, names: list[str] | None = None):
+def recorded_spec(state_path: Path, names: list[str] | None = None) -> HostSpec:
     """The HostSpec made of the specs the mapping recorded (all caches, or `names`)."""
 
     data = mapping.load(state_path)
@@ -46,7 +47,7 @@ def recorded_spec(state_path: Path, names: list[str] | None = None):
     return HostSpec(caches=caches)
 
 
-def restored_names(env, names: list[str] | None) -> list[str]:
+def restored_names(env: Env, names: list[str] | None) -> list[str]:
     """The caches a restore of `names` (None: all) is about; [] when the mapping cannot
     be read (its own error says so)."""
     if names:
@@ -62,13 +63,13 @@ def wait_for_devices(spec: HostSpec, host: Host) -> None:
 
     paths = [ref.path for c in spec.caches for ref in c.devices().values() if ref.path]
 
-    def present():
+    def present() -> tuple[bool, str]:
         missing = [p for p in paths if identity.kname(p, host) is None]
         return not missing, f"missing {', '.join(missing)}"
     wait_until("the cache devices to appear", present, timeout=DEVICE_WAIT, interval=1.0)
 
 
-def plan_restore(env, names: list[str] | None = None):
+def plan_restore(env: Env, names: list[str] | None = None) -> Plan:
     """A cache running on its origin since its SSD failed is brought back on the origin
     alone (onorigin.py), never on the failed SSD; the others as they were built."""
     caches = mapping.load(env.state)["caches"]
@@ -86,7 +87,7 @@ def plan_restore(env, names: list[str] | None = None):
     return plan
 
 
-def _load_modules(runner, spec: HostSpec) -> None:
+def _load_modules(runner: Runner, spec: HostSpec) -> None:
     """Kernel modules the recorded backends need (a fresh boot may not have them yet)."""
     wanted = sorted({m for c in spec.caches for m in BACKENDS[c.backend].modules})
     if wanted and not runner.dry_run:

@@ -1,5 +1,5 @@
-"""The packages that touch the kernel (backends/, with parts/, block/ and tend/) are type-checked
-with every flag of mypy's `--strict`, set per module in pyproject.toml's [tool.mypy]: read
+"""The packages that touch the kernel (backends/, with parts/, block/, tend/ and engine/'s
+typed modules) are type-checked with every flag of mypy's `--strict`, set per module in pyproject.toml's [tool.mypy]: read
 here the way mypy reads it, so that relaxing one flag fails a test, and checked on a
 planted untyped def, so that the setting demonstrably reaches those packages."""
 
@@ -21,7 +21,8 @@ STRICT_PACKAGES = ("hotcache.provision.backends", "hotcache.provision.block",
 MODULES = ("hotcache.provision.backends", "hotcache.provision.backends.bcache",
            "hotcache.provision.backends.parts", "hotcache.provision.backends.parts.dmtable",
            "hotcache.provision.block", "hotcache.provision.block.host",
-           "hotcache.provision.tend", "hotcache.provision.tend.failover")
+           "hotcache.provision.tend", "hotcache.provision.tend.failover",
+           "hotcache.provision.engine.restore", "hotcache.provision.engine.recheck")
 
 
 def options(*args: str):
@@ -56,16 +57,20 @@ def mypy_config(text: str) -> str:
 def test_an_untyped_def_planted_in_a_kernel_package_is_flagged(tmp_path):
     (tmp_path / "pyproject.toml").write_text(mypy_config((ROOT / "pyproject.toml").read_text()))
     planted = []
-    for package in (*STRICT_PACKAGES, "hotcache.provision.backends.parts"):
+    # A new module of each strict package, and (engine/ being strict module by module)
+    # one of engine/'s strict modules, planted in its place.
+    modules = [f"{p}.planted" for p in (*STRICT_PACKAGES, "hotcache.provision.backends.parts")]
+    for module in (*modules, "hotcache.provision.engine.recheck"):
+        package, name = module.rsplit(".", 1)
         folder = tmp_path.joinpath(*package.split("."))
         folder.mkdir(parents=True, exist_ok=True)
         for parent in (folder, *folder.relative_to(tmp_path).parents):
             init = tmp_path / parent / "__init__.py"
             if not init.exists():
                 init.write_text("")
-        (folder / "planted.py").write_text("def untyped(x):\n    return x\n\n\n"
+        (folder / f"{name}.py").write_text("def untyped(x):\n    return x\n\n\n"
                                            "def incomplete(x: int, y):\n    return x\n")
-        planted.append(f"{package.replace('.', '/')}/planted.py")
+        planted.append(f"{module.replace('.', '/')}.py")
     res = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental",
                           "--config-file", "pyproject.toml", "-p", "hotcache"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
