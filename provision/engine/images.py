@@ -14,6 +14,7 @@ needs `wipe: true`, which the teardown message says.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from hotcache.provision.backends import PLAIN
 from hotcache.provision.system.clock import now
@@ -22,8 +23,18 @@ from hotcache.provision.records import CacheEntry, DeviceRecord, EntryState, Fil
 
 KEY = "kept_images"
 
+if TYPE_CHECKING:
+    from hotcache.provision.engine.spec import CacheSpec
 
-def file_identity(path: str) -> dict | None:
+
+class FileIdentity(TypedDict):
+    """What tells one file from another at the same path."""
+    st_dev: int
+    inode: int
+    size: int
+
+
+def file_identity(path: str) -> FileIdentity | None:
     """What tells one file from another at the same path (None: no file there)."""
     try:
         st = os.stat(path)
@@ -32,7 +43,7 @@ def file_identity(path: str) -> dict | None:
     return {"st_dev": st.st_dev, "inode": st.st_ino, "size": st.st_size}
 
 
-def record(data: dict, image: str, cache: str, entry: CacheEntry, role: str) -> None:
+def record(data: dict[str, Any], image: str, cache: str, entry: CacheEntry, role: str) -> None:
     """Note in the mapping `data` that `image` was kept when `cache` was taken down."""
     data.setdefault(KEY, {})[os.path.realpath(image)] = {
         "cache": cache, "backend": entry.backend, "role": role,
@@ -41,7 +52,7 @@ def record(data: dict, image: str, cache: str, entry: CacheEntry, role: str) -> 
     }
 
 
-def other_file(image: str, kept: dict) -> str | None:
+def other_file(image: str, kept: dict[str, Any]) -> str | None:
     """Why the file now at `image` is not the one kept (None: it is). A record without
     the file's identity proves nothing (fail closed)."""
     want, have = kept.get("file"), file_identity(image)
@@ -54,14 +65,14 @@ def other_file(image: str, kept: dict) -> str | None:
     return "; ".join(diff) or None
 
 
-def forget(data: dict, image: str) -> None:
+def forget(data: dict[str, Any], image: str) -> None:
     kept = data.get(KEY) or {}
     kept.pop(os.path.realpath(image), None)
     if not kept:
         data.pop(KEY, None)
 
 
-def adoptable_entry(data: dict, spec) -> CacheEntry | None:
+def adoptable_entry(data: dict[str, Any], spec: CacheSpec) -> CacheEntry | None:
     """For a backend `none` spec whose image hotcache kept at a teardown: the entry that
     lets apply recognise the filesystem on it as its own (the UUID it recorded)."""
     origin = spec.origin
@@ -82,14 +93,14 @@ def adoptable_entry(data: dict, spec) -> CacheEntry | None:
             hint="put the kept image back, or, to build a new cache on this file and lose "
                  "what it holds, give the origin `wipe: true`")
     # Never saved (apply records the cache anew): only what apply reads to know the image.
-    origin = DeviceRecord.model_construct(node=None, size=None, by_id=None, identity=None,
-                                          path=None, loop_file=image)
+    recorded = DeviceRecord.model_construct(node=None, size=None, by_id=None, identity=None,
+                                            path=None, loop_file=image)
     return CacheEntry.model_construct(
-        backend=PLAIN, state=EntryState.KEPT, devices={"origin": origin}, backend_state=None,
+        backend=PLAIN, state=EntryState.KEPT, devices={"origin": recorded}, backend_state=None,
         filesystem=Filesystem.model_construct(uuid=kept["fs_uuid"], mountpoint=None), spec={})
 
 
-def made_by_hotcache(data: dict, cache: str) -> set[str]:
+def made_by_hotcache(data: dict[str, Any], cache: str) -> set[str]:
     """Image files (real paths) the mapping records as hotcache's for `cache`: those its
     entry names, and those a teardown kept. Any other existing image with data in it is
     not hotcache's to format without `wipe: true`."""
