@@ -16,16 +16,31 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from hotcache.provision.system import units
 
 if TYPE_CHECKING:
-    from hotcache.provision.engine.apply import Planner
     from hotcache.provision.engine.spec import CacheSpec
     from hotcache.provision.plan import RunContext
+
+
+# What the unit needs of the engine's Planner and Env, as protocols: apply imports this
+# module, so it cannot name apply's classes (not even for the type checker).
+class UnitEnv(Protocol):
+    @property
+    def state(self) -> Path: ...
+    @property
+    def fstab(self) -> Path: ...
+
+
+class UnitPlanner(Protocol):
+    @property
+    def env(self) -> UnitEnv: ...
+
+    def do(self, summary: str, action: Callable[[RunContext], None]) -> None: ...
 
 DEFAULT_UNIT_DIR = "/etc/systemd/system"
 
@@ -126,7 +141,7 @@ def mounts_for(mountpoint: str, paths: Sequence[str]) -> str:
     return " ".join(out)
 
 
-def plan_unit(p: Planner, spec: CacheSpec) -> None:
+def plan_unit(p: UnitPlanner, spec: CacheSpec) -> None:
     """Queue writing and enabling the restore unit of `spec` if it is not as it should be."""
     directory = unit_dir()
     unit = directory / unit_name(spec.name)
@@ -142,7 +157,7 @@ def plan_unit(p: Planner, spec: CacheSpec) -> None:
     p.do(f"install and enable {unit} (restores the cache at boot, before its mount)", install)
 
 
-def remove_unit(p: Planner, cache: str) -> None:
+def remove_unit(p: UnitPlanner, cache: str) -> None:
     directory = unit_dir()
     unit = directory / unit_name(cache)
     wants = directory / "local-fs.target.wants" / unit.name

@@ -13,7 +13,8 @@ from hotcache.provision.engine.bootunit import DEFAULT_UNIT_DIR, hotcache_progra
 from hotcache.provision.system import units
 
 if TYPE_CHECKING:
-    from hotcache.provision.engine.apply import Planner
+    # apply imports this module: the backends' protocol of its Planner, not the class
+    from hotcache.provision.backends.parts.contract import Planner
     from hotcache.provision.plan import RunContext
 
 UNIT = "hotcache-failover.service"
