@@ -290,12 +290,17 @@ def backend_stats(entry: CacheEntry, runner: Runner) -> Callable[[], CacheStats 
     host = Host(runner)
     backend = get(entry.backend, host)
 
+    # Each device found by its identity once per warm run, not at every read: the reads
+    # only report (and a probe is a blkid, costly where the machine is slow).
+    found: dict[str, str | None] = {}
+
     def read() -> CacheStats | None:
         try:
-            nodes = {role: recorded.current_node(entry, role, host)
-                     for role in entry.devices}
-            return backend.stats(entry, nodes)
-        except (HotcacheError, OSError, ValueError, KeyError):
+            if not found:
+                found.update({role: recorded.current_node(entry, role, host)
+                              for role in entry.devices})
+            return backend.stats(entry, found)
+        except (HotcacheError, OSError, ValueError, KeyError, IndexError):
             return None   # statistics are a report, not a reason to stop warming
     return read
 

@@ -90,3 +90,23 @@ FILES = [(Path(f"/d/f{i}"), MIB) for i in range(10)]
 ])
 def test_slow_files_are_reread_alone_only_under_smq_and_when_few(smq, slow, due):
     assert _focus_due(smq, slow, FILES) is due
+
+
+def test_the_cache_statistics_find_the_devices_once_per_warm_run(monkeypatch):
+    """Warm reads the cache's statistics before and after every pass; the devices are
+    found by their identity (a blkid each) once, not at every read."""
+    from hotcache.provision.backends.parts import recorded
+    from hotcache.provision.records import CacheEntry
+    from hotcache.provision.system.runner import Runner
+    from hotcache.provision.tend import warm
+    from tests.helpers import recorded_entry
+
+    found = []
+    monkeypatch.setattr(recorded, "current_node",
+                        lambda entry, role, host: found.append(role) or f"/dev/{role}")
+    entry = CacheEntry.model_validate(recorded_entry("c1", backend="dm-cache", devices={
+        "origin": {"node": "/dev/vdb", "size": 1}, "cache": {"node": "/dev/vdc", "size": 1}}))
+    read = warm.backend_stats(entry, Runner(dry_run=True))
+    for _ in range(3):
+        read()
+    assert sorted(found) == ["cache", "origin"]
