@@ -20,7 +20,7 @@ from hotcache.provision.backends.parts.dmtable import (CacheTable, cache_stats, 
 from hotcache.provision.block import header, probe
 from hotcache.provision.errors import HotcacheError, ProbeFailed
 from hotcache.provision.plan import Ref, RunContext
-from hotcache.provision.records import CacheEntry, DmCacheState
+from hotcache.provision.records import CacheEntry, DmCacheState, EntryState
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.backends.parts import state
 from hotcache.provision.backends.base import Backend, Failure, Nodes, Signature, present_origin
@@ -169,6 +169,22 @@ class DmCache(Backend):
         # (parts/failover.py), the filesystem still mounted on it: a new SSD is attached
         # under it by loading a cache table in its place, as the switch loaded the linear.
         online = current is not None and self._on_origin(current, origin)
+        if current is not None and not online and current.split()[2:3] != ["cache"]:
+            p.refuse(f"{spec.name}: {names['cache']} holds `{current}`, neither the cache "
+                     "table hotcache loads nor a linear mapping of the whole origin; nothing "
+                     f"was changed. `dmsetup table {names['cache']}` shows it")
+            return f"/dev/mapper/{names['cache']}"
+        if online and not fresh and (entry is None or entry.state != EntryState.BUILDING):
+            # Only an attach that recorded the new SSD's geometry and stopped (state
+            # `building`) goes on from here; a built cache whose record lacks the switch
+            # would get its failed SSD's maps back, with metadata older than the origin.
+            p.refuse(f"{spec.name}: {names['cache']} maps its origin linearly, as the "
+                     "fail-over leaves a cache whose SSD failed, but the mapping does not "
+                     f"record that; nothing was changed. `hotcache teardown {spec.name} "
+                     "--cache-failed` takes the failed cache apart (it unmounts the "
+                     "filesystem); then name a new SSD in the spec and apply")
+            return f"/dev/mapper/{names['cache']}"
+        recorded_now = False
         if current is None or online:
             if fresh:
                 p.command(f"erase old signatures on the cache device {cache.ref.label}",
@@ -194,12 +210,18 @@ class DmCache(Backend):
             table = _text(p, f"dm-cache:{spec.name}",
                           lambda n: dataclasses.replace(want, origin=n).render(), origin.node)
             if online:
+                # Recorded before the cache goes live under the mounted filesystem: from
+                # then on its metadata may describe dirty blocks, and a rerun must never
+                # take it for a cache not built yet.
+                self._remember_geometry(p, geo, names, want)
+                recorded_now = True
                 p.command(f"load a cache table ({spec.effective_mode}, policy {want.policy}, "
                           f"{want.block * 512 // 1024} KiB blocks) in place of the linear "
                           "mapping of the origin", ["dmsetup", "reload", names["cache"],
                                                     "--table", table])
-                p.command("switch to it under the mounted filesystem (no unmount)",
-                          ["dmsetup", "resume", names["cache"]])
+                p.do("switch to it under the mounted filesystem (no unmount); if the "
+                     "kernel refuses, the linear mapping runs on, never a suspended device",
+                     lambda ctx: _resume_or_back(ctx, names["cache"]))
             else:
                 p.command(f"create the cache device ({spec.effective_mode}, policy "
                           f"{want.policy}, {want.block * 512 // 1024} KiB blocks)",
@@ -215,11 +237,16 @@ class DmCache(Backend):
                       ["dmsetup", "reload", names["cache"], "--table", new.render()])
                 p.command("switch to the new table in place (no rebuild)",
                       ["dmsetup", "resume", names["cache"]])
-        if st.data_sectors != data or st.names != names:
-            state.remember(p, "record the dm-cache geometry and table names in the mapping",
-                           lambda ctx: {**geo, "names": names,
-                                        "table": want.render().replace("ORIGIN", "<origin>")})
+        if not recorded_now and (st.data_sectors != data or st.names != names):
+            self._remember_geometry(p, geo, names, want)
         return f"/dev/mapper/{names['cache']}"
+
+    @staticmethod
+    def _remember_geometry(p: Planner, geo: dict[str, Any], names: dict[str, str],
+                           want: CacheTable) -> None:
+        state.remember(p, "record the dm-cache geometry and table names in the mapping",
+                       lambda ctx: {**geo, "names": names,
+                                    "table": want.render().replace("ORIGIN", "<origin>")})
 
     def _on_origin(self, table: str, origin: Device) -> bool:
         """Whether the loaded `table` is the whole origin mapped linearly, as the fail-over
@@ -303,6 +330,22 @@ class DmCache(Backend):
                 if not ctx.runner.dry_run:
                     header.erase(self.host, ctx.resolve(node), claim)
             p.do(f"erase hotcache's header (this cache's UUID) from the SSD {node}", erase)
+
+
+def _resume_or_back(ctx: RunContext, name: str) -> None:
+    """Resume dm device `name` with the table just loaded; if the kernel refuses it (a
+    new SSD that fails at once), drop that table and resume the one that ran, so the
+    filesystem above never waits on a suspended device."""
+    if ctx.runner.dry_run:
+        return
+    try:
+        ctx.runner.run(["dmsetup", "resume", name])
+    except HotcacheError as exc:
+        ctx.runner.run(["dmsetup", "clear", name], check=False)
+        ctx.runner.run(["dmsetup", "resume", name], check=False)
+        raise HotcacheError(f"the kernel refused the new cache table for {name}: "
+                            f"{exc.message}; the linear mapping of the origin runs on",
+                            hint="check the new SSD (`dmesg`), then apply again") from exc
 
 
 def _policy_args(tunables: Mapping[str, int | str]) -> list[str]:

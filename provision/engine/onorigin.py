@@ -80,6 +80,8 @@ def plan_restore(env: Env, name: str, entry: CacheEntry, plan: Plan) -> None:
         p.command(f"create mountpoint {mp}", ["mkdir", "--parents", mp])
     p.command(f"mount {name} on {mp} from its origin ({message(entry)})",
               ["mount", "-t", FSTYPE, "-o", ",".join(opts), left, mp])
+    first = "" if backend.attaches_on_origin else \
+        f"`hotcache teardown {name} --cache-failed` (it unmounts the filesystem), then "
     plan.notes.append(f"{name}: {message(entry)}. The failed SSD is never used again: "
-                      f"name a new SSD in {name}'s spec and `hotcache apply SPEC` attaches "
-                      "a new cache to this filesystem")
+                      f"{first}name a new SSD in {name}'s spec and `hotcache apply SPEC` "
+                      "attaches a new cache to this filesystem")

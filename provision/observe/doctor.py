@@ -142,7 +142,8 @@ ADVICE: dict[str, str] = {
 # is left to take apart there.
 ON_ORIGIN = ("{name} runs on its origin, every file intact. Name a new SSD as the cache "
              "device in its spec and `hotcache apply SPEC` attaches a new cache to the "
-             "filesystem (dm-cache: under the mounted filesystem; lvmcache: run `hotcache "
+             "filesystem (dm-cache: under the mounted filesystem, or, after a reboot, with "
+             "it unmounted for a moment, so stop its readers then; lvmcache: run `hotcache "
              "teardown {name} --cache-failed` first, which unmounts it)")
 
 

@@ -153,6 +153,7 @@ class Watcher:
         self.say = say or (lambda line: print(f"hotcache failover: {line}", file=sys.stderr,
                                               flush=True))
         self._said: dict[str, str] = {}
+        self._cache_tables: dict[str, str] = {}     # device -> the last cache table seen
 
     def check(self, names: Iterable[str] | None = None, *, act: bool = True) -> list[Outcome]:
         """One pass over the caches; `act` False: say what would be done, switch nothing."""
@@ -176,12 +177,18 @@ class Watcher:
                                                     if entry.on_origin else ""), since=since)
             return None
         table, status, why = self.reads.read(device)
-        decision = failover.decide(table, status, why=why)
+        decision = failover.decide(table, status, why=why, writeback_ever=entry.writeback_ever)
+        if table is not None and failover.target(table) == "cache":
+            self._cache_tables[device] = table
         if decision.action == failover.ON_ORIGIN:
-            if entry.on_origin is None and act and table is not None:
-                # Linear, yet not recorded: a switch whose record was never written (a
-                # resume that answered too late). Recorded now, so that a boot restores
-                # the filesystem on the origin, never on the failed SSD.
+            before = self._cache_tables.get(device)
+            if entry.on_origin is None and act and table is not None and before is not None \
+                    and failover.linear_table(before) == table.strip():
+                # Linear, yet not recorded, and exactly the switch of the cache table this
+                # watcher saw: a switch whose record was never written (a resume that
+                # answered too late). Recorded now, so that a boot restores the filesystem
+                # on the origin, never on the failed SSD. Any other linear table (a
+                # teardown's `lvconvert --uncache`) is not a fail-over.
                 since = now()
                 record(self.state_path, name, OnOrigin(
                     since=since, said="found switched to its origin, the switch unrecorded",
@@ -192,7 +199,8 @@ class Watcher:
         if decision.action != failover.SWITCH or not act:
             return Outcome(name, device, decision, since=since)
         try:
-            done = failover.switch(self.host.runner, device)
+            done = failover.switch(self.host.runner, device,
+                                   writeback_ever=entry.writeback_ever)
         except HotcacheError as exc:
             done = Switched(False, decision, error=str(exc))
         if not done.done:

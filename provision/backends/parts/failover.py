@@ -53,10 +53,12 @@ def target(line: str) -> str | None:
     return f[2] if len(f) > 2 else None
 
 
-def decide(table: str | None, status: str | None, *, why: str = "") -> Decision:
+def decide(table: str | None, status: str | None, *, why: str = "",
+           writeback_ever: bool | None = None) -> Decision:
     """The verdict on one top device from its `dmsetup table` and `dmsetup status` lines.
     `table` None: no table is loaded; `status` None: it could not be read (`why`: it did
-    not answer in time, a device stuck in the kernel): never a switch."""
+    not answer in time, a device stuck in the kernel): never a switch. `writeback_ever`:
+    the mapping's record of whether the cache ever ran writeback (None: not known)."""
     if table is None:
         return Decision(NOT_LOADED, "")
     kind = target(table)
@@ -80,9 +82,11 @@ def decide(table: str | None, status: str | None, *, why: str = "") -> Decision:
     said = failed(status)
     if said is None:
         return Decision(HEALTHY, "", line, mode, dirty)
-    if dirty is None and mode in CLEAN_MODES:
+    if dirty is None and mode in CLEAN_MODES and writeback_ever is False:
         # Fail and Error report no counts; in writethrough (or passthrough) every write
-        # reached the origin before it completed, so nothing is on the SSD only.
+        # reached the origin before it completed, so nothing is on the SSD only - unless
+        # the cache once ran writeback (`writeback_ever`, or not known): the blocks it
+        # dirtied then drain in the background after the switch to writethrough.
         return Decision(SWITCH, said, line, mode, 0)
     if dirty == 0:
         return Decision(SWITCH, said, line, mode, 0)
@@ -113,7 +117,7 @@ TIMEOUT = 30.0      # seconds each dmsetup call may take
 RESUME_TIMEOUT = 120.0
 
 
-def switch(runner: Runner, name: str) -> Switched:
+def switch(runner: Runner, name: str, *, writeback_ever: bool | None = None) -> Switched:
     """Switch dm device `name` from its cache table to a linear mapping of the origin,
     if (checked again while it is suspended) every block is on the origin. The device
     is never left suspended: a failure after the suspend resumes what was loaded."""
@@ -122,13 +126,14 @@ def switch(runner: Runner, name: str) -> Switched:
                           timeout=RESUME_TIMEOUT if args[0] == "resume" else TIMEOUT)
 
     table = dm("table", name).stdout.strip()
-    before = decide(table, dm("status", name).stdout)
+    before = decide(table, dm("status", name).stdout, writeback_ever=writeback_ever)
     if before.action != SWITCH:
         return Switched(before.action == ON_ORIGIN, before)
     linear = linear_table(table)
     dm("suspend", "--noflush", name)
     try:
-        now = decide(dm("table", name).stdout.strip(), dm("status", name).stdout)
+        now = decide(dm("table", name).stdout.strip(), dm("status", name).stdout,
+                     writeback_ever=writeback_ever)
         if now.action != SWITCH:
             dm("resume", name)
             return Switched(False, now)
@@ -139,5 +144,8 @@ def switch(runner: Runner, name: str) -> Switched:
         # drop a table loaded but not active, and resume.
         dm("clear", name, check=False)
         dm("resume", name, check=False)
+        if dm("table", name, check=False).stdout.strip() == linear:
+            # the kernel had swapped the tables (a resume that answered after its bound)
+            return Switched(True, before, linear, table)
         return Switched(False, before, error=str(exc))
     return Switched(True, now, linear, table)

@@ -40,6 +40,8 @@ NEW_MAPS = [
 ZERO = ["dd", "if=/dev/zero", "of=/dev/mapper/hc-c1-meta", "bs=4096", "count=1",
         "oflag=direct"]
 GEOMETRY = "record the dm-cache geometry and table names in the mapping"
+RESUME = ("switch to it under the mounted filesystem (no unmount); if the kernel refuses, "
+          "the linear mapping runs on, never a suspended device")
 
 
 def on_origin(fake, backend: str = "dm-cache") -> None:
@@ -73,9 +75,9 @@ def test_dm_cache_new_ssd_is_attached_under_the_mounted_filesystem(fake):
         ["dmsetup", "remove", "--force", "--retry", "hc-c1-meta"], NEW_MAPS[0],
         ["dmsetup", "remove", "--force", "--retry", "hc-c1-data"], NEW_MAPS[1],
         ZERO,
+        GEOMETRY,           # before the cache goes live: a rerun never zeroes it then
         ["dmsetup", "reload", "hc-c1", "--table", NEW_TABLE],
-        ["dmsetup", "resume", "hc-c1"],
-        GEOMETRY,
+        RESUME,
         UNIT.format(units=bootunit.unit_dir()),     # it waits for the new SSD at boot
         READY,
     ]
@@ -176,3 +178,64 @@ def test_after_a_teardown_too_the_spec_as_it_was_attaches_nothing(fake):
                                            r"cache device it was built on \(/dev/vdc\)"):
         plan_apply(with_cache("/dev/vdc"), fake.env_)
     assert steps(plan_apply(spec("dm-cache"), fake.env_))      # a new SSD named: planned
+
+
+def test_a_built_cache_found_linear_without_the_record_is_refused_never_put_back(fake):
+    """The watcher switched the device but its record never reached the mapping (the
+    entry still `ready`, with the failed SSD's geometry): a routine apply must not load
+    a cache table on the failed SSD's maps, whose metadata is older than the origin."""
+    dm_built(fake)
+    fake.tables["hc-c1"] = LINEAR
+    with pytest.raises(RefusedError, match=r"maps its origin linearly, as the fail-over "
+                                           r"leaves a cache whose SSD failed, but the "
+                                           r"mapping does not record that"):
+        plan_apply(spec("dm-cache").__class__.model_validate(
+            {"caches": [{**spec("dm-cache").caches[0].model_dump(mode="json"),
+                         "cache": {"path": "/dev/vdc", "wipe": True}}]}), fake.env_)
+
+
+def test_an_attach_stopped_after_recording_the_new_geometry_goes_on_without_zeroing(fake):
+    """Stopped after the new SSD's geometry was recorded (state `building`) and before
+    the cache table was loaded: the rerun loads it; nothing is wiped or zeroed again."""
+    switched(fake)
+    plan = plan_apply(spec("dm-cache"), fake.env_)
+    for summary in (BUILDING, GEOMETRY):     # hotcache's own steps (the header's writes a device)
+        step = next(s for s in plan.steps if s.summary.startswith(summary))
+        step.action(RunContext(Runner(dry_run=False)))
+    fake.tables["hc-c1-meta"] = "0 8192 linear 254:64 8"        # the new SSD's maps
+    fake.tables["hc-c1-data"] = "0 515968 linear 254:64 8200"
+    fake.sysfs_file("/sys/class/block/dm-5/dm/name", "hc-c1-meta")
+    fake.sysfs_file("/sys/class/block/vdd/holders/dm-5", "")
+    again = steps(plan_apply(spec("dm-cache"), fake.env_))
+    assert not any(isinstance(s, list) and s[0] in ("wipefs", "dd") for s in again), again
+    assert ["dmsetup", "reload", "hc-c1", "--table", NEW_TABLE] in again and RESUME in again
+
+
+def test_a_linear_table_over_part_of_the_origin_is_refused_naming_it(fake):
+    dm_built(fake)
+    fake.tables["hc-c1"] = "0 1024 linear 254:16 0"
+    on_origin(fake)
+    with pytest.raises(RefusedError, match=r"holds `0 1024 linear 254:16 0`, neither the "
+                                           r"cache table hotcache loads nor a linear"):
+        plan_apply(spec("dm-cache"), fake.env_)
+
+
+def test_a_kernel_that_refuses_the_new_table_leaves_the_linear_mapping_running():
+    """The resume of the new cache table fails (a new SSD failing at once): the loaded
+    table is dropped and the linear one resumed, never a suspended device."""
+    from hotcache.provision.backends.dmcache import _resume_or_back
+    from hotcache.provision.errors import CommandFailed, HotcacheError
+    from hotcache.provision.system.runner import Result
+
+    calls = []
+
+    class Dm(Runner):
+        def run(self, argv, *, check=True, input=None, timeout=None):
+            calls.append(list(argv))
+            if argv[1] == "resume" and len(calls) == 1:
+                raise CommandFailed(argv, 1, "device-mapper: resume ioctl failed")
+            return Result(argv, 0, "", "")
+    with pytest.raises(HotcacheError, match="the linear mapping of the origin runs on"):
+        _resume_or_back(RunContext(Dm(dry_run=False)), "hc-c1")
+    assert calls == [["dmsetup", "resume", "hc-c1"], ["dmsetup", "clear", "hc-c1"],
+                     ["dmsetup", "resume", "hc-c1"]]

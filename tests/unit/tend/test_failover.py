@@ -36,7 +36,7 @@ def live(mode="writethrough", dirty=0, meta="rw", check="-") -> str:
 
 @pytest.mark.parametrize("mode", ["writethrough", "passthrough"])
 def test_fail_with_nothing_dirty_switches(mode):
-    d = failover.decide(TABLE.format(mode=mode), FAIL)
+    d = failover.decide(TABLE.format(mode=mode), FAIL, writeback_ever=False)
     assert (d.action, d.dirty_bytes, d.mode) == (failover.SWITCH, 0, mode)
     assert d.said.startswith("dm-cache reports Fail") and d.kernel == "Fail"
 
@@ -92,9 +92,19 @@ ERROR = "0 2097152 cache Error"     # dm-cache could not read its metadata for t
 def test_error_is_a_failed_cache_like_fail(mode, action):
     """`Error` (the metadata on the SSD cannot be read) comes before `Fail`, for seconds
     or longer (seen in the guest kernel): a failed cache, never a line too odd to judge."""
-    d = failover.decide(TABLE.format(mode=mode), ERROR)
+    d = failover.decide(TABLE.format(mode=mode), ERROR, writeback_ever=False)
     assert (d.action, d.dirty_bytes) == (action, 0 if action == failover.SWITCH else None)
     assert d.said == "dm-cache reports Error: it cannot read its metadata on the SSD"
+
+
+@pytest.mark.parametrize("line", [FAIL, ERROR])
+@pytest.mark.parametrize("ever", [True, None])
+def test_no_count_on_a_cache_that_ran_writeback_is_an_alarm_even_in_writethrough(line, ever):
+    """A cache switched from writeback to writethrough drains its dirty blocks in the
+    background; Fail and Error count none. Unless the mapping knows it never ran
+    writeback, nothing is switched: the same rule status and teardown follow."""
+    d = failover.decide(TABLE.format(mode="writethrough"), line, writeback_ever=ever)
+    assert (d.action, d.dirty_bytes) == (failover.ALARM, None) and d.alarm
 
 
 def test_a_status_line_hotcache_cannot_read_never_switches():
@@ -168,7 +178,7 @@ def dm(mode="writethrough", line=FAIL) -> FakeDm:
 
 def test_switch_loads_a_linear_mapping_of_the_origin_while_suspended():
     fake = dm()
-    done = failover.switch(fake, "hc-c1")
+    done = failover.switch(fake, "hc-c1", writeback_ever=False)
     assert done.done and done.table == LINEAR and done.replaced == TABLE.format(mode="writethrough")
     assert fake.calls == [
         ["dmsetup", "table", "hc-c1"], ["dmsetup", "status", "hc-c1"],
@@ -194,9 +204,10 @@ def test_a_block_dirtied_before_the_suspend_cancels_the_switch():
 def test_a_failed_load_leaves_the_device_resumed_never_suspended():
     fake = dm()
     fake.fail_load = True
-    done = failover.switch(fake, "hc-c1")
+    done = failover.switch(fake, "hc-c1", writeback_ever=False)
     assert not done.done and "simulated failure" in (done.error or "")
-    assert fake.calls[-2:] == [["dmsetup", "clear", "hc-c1"], ["dmsetup", "resume", "hc-c1"]]
+    assert fake.calls[-3:] == [["dmsetup", "clear", "hc-c1"], ["dmsetup", "resume", "hc-c1"],
+                               ["dmsetup", "table", "hc-c1"]]
     assert not fake.suspended
 
 
@@ -214,7 +225,7 @@ def watcher(env, fake: FakeDm, said: list, timeout: float = 5.0) -> Watcher:
 
 
 def test_the_watcher_switches_and_records_the_cache_on_its_origin(env):
-    save(env, c1=entry(spec=dict(SPEC, mode="writethrough")))
+    save(env, c1={**entry(spec=dict(SPEC, mode="writethrough")), "writeback_ever": False})
     fake, said = dm(), []
     (got,) = watcher(env, fake, said).check()
     assert got.switched and got.switched.done and fake.tables["hc-c1"] == LINEAR
@@ -225,13 +236,13 @@ def test_the_watcher_switches_and_records_the_cache_on_its_origin(env):
                     f"({moved.said})"]
 
 
-def test_a_switch_whose_resume_answered_too_late_is_recorded_on_the_next_pass(env):
-    """The kernel swapped the tables, but dmsetup resume was killed at its timeout: the
-    switch reports a failure and writes no record; the next pass finds the linear table
-    and records the cache on its origin, so a boot never loads the failed SSD."""
+def test_a_switch_whose_resume_answered_too_late_is_recorded_all_the_same(env):
+    """The kernel swapped the tables, but dmsetup resume was killed at its bound: the
+    switch sees the linear table live after its recovery and reports it done, and the
+    watcher records the cache on its origin, so a boot never loads the failed SSD."""
     from hotcache.provision.errors import CommandFailed
 
-    save(env, c1=entry(spec=dict(SPEC, mode="writethrough")))
+    save(env, c1={**entry(spec=dict(SPEC, mode="writethrough")), "writeback_ever": False})
     fake, said = dm(), []
     resume = fake.run
 
@@ -243,14 +254,41 @@ def test_a_switch_whose_resume_answered_too_late_is_recorded_on_the_next_pass(en
         return done
     late.once = False
     fake.run = late
-    w = watcher(env, fake, said)
-    (got,) = w.check()
-    assert not got.switched.done and fake.tables["hc-c1"] == LINEAR
-    assert mapping.load(env.state)["caches"]["c1"].on_origin is None
-    (got,) = w.check()
+    (got,) = watcher(env, fake, said).check()
+    assert got.switched.done and fake.tables["hc-c1"] == LINEAR
     moved = mapping.load(env.state)["caches"]["c1"].on_origin
     assert moved is not None and moved.table == LINEAR and got.since == moved.since
     assert said[-1].startswith(f"c1: running on the origin since {moved.since}"), said
+
+def test_a_linear_table_the_watcher_did_not_switch_from_its_cache_is_not_a_fail_over(env):
+    """A linear table on a built entry that is not the switch of the cache table this
+    watcher saw (a teardown's `lvconvert --uncache` maps the LV linearly too; a watcher
+    started afterwards saw no cache table) is never recorded as a fail-over."""
+    save(env, c1={**entry(spec=dict(SPEC, mode="writethrough")), "writeback_ever": False})
+    fake, said = FakeDm({"hc-c1": LINEAR}, {"hc-c1": "0 2097152 linear"}), []
+    w = watcher(env, fake, said)
+    w.check()
+    assert mapping.load(env.state)["caches"]["c1"].on_origin is None
+    fake.tables["hc-c1"] = TABLE.format(mode="writethrough")        # a cache table seen,
+    fake.statuses["hc-c1"] = live()
+    w.check()
+    fake.tables["hc-c1"] = "0 2097152 linear 254:9 0"                # then another linear
+    w.check()
+    assert mapping.load(env.state)["caches"]["c1"].on_origin is None
+
+
+def test_the_switch_of_the_cache_table_it_saw_is_recorded_on_the_next_pass(env):
+    """The watcher saw the cache table; by its next pass the device maps exactly that
+    table's origin linearly, unrecorded (a switch whose record never reached the
+    mapping, the watcher stopped meanwhile): recorded now."""
+    save(env, c1={**entry(spec=dict(SPEC, mode="writethrough")), "writeback_ever": False})
+    fake, said = FakeDm({"hc-c1": TABLE.format(mode="writethrough")}, {"hc-c1": live()}), []
+    w = watcher(env, fake, said)
+    w.check()
+    fake.tables["hc-c1"], fake.statuses["hc-c1"] = LINEAR, "0 2097152 linear"
+    (got,) = w.check()
+    moved = mapping.load(env.state)["caches"]["c1"].on_origin
+    assert moved is not None and moved.table == LINEAR and got.since == moved.since
 
 
 def test_an_entry_an_apply_rewrote_meanwhile_is_not_marked_on_the_origin(env):
@@ -263,7 +301,7 @@ def test_an_entry_an_apply_rewrote_meanwhile_is_not_marked_on_the_origin(env):
     save(env, c1=entry(spec=dict(SPEC, mode="writethrough"), state="building"))
     record(env.state, "c1", OnOrigin(since="t", said="", device="hc-c1", table=LINEAR))
     assert mapping.load(env.state)["caches"]["c1"].on_origin is None
-    save(env, c1=entry(spec=dict(SPEC, mode="writethrough")))
+    save(env, c1={**entry(spec=dict(SPEC, mode="writethrough")), "writeback_ever": False})
     record(env.state, "c1", OnOrigin(since="t", said="", device="hc-c1", table=LINEAR))
     assert mapping.load(env.state)["caches"]["c1"].on_origin is not None
 
@@ -282,7 +320,7 @@ def test_the_watcher_raises_the_alarm_once_and_switches_nothing_with_dirty_data(
 
 
 def test_a_status_read_that_hangs_is_bounded_and_not_read_twice(env):
-    save(env, c1=entry(spec=dict(SPEC, mode="writethrough")))
+    save(env, c1={**entry(spec=dict(SPEC, mode="writethrough")), "writeback_ever": False})
     fake, said = dm(), []
     fake.hold = threading.Event()
     w = watcher(env, fake, said, timeout=0.2)
