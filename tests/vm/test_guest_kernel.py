@@ -60,7 +60,10 @@ def boot(workdir: Path, guest_module: str, report: str, then: str = "",
     # HOTCACHE_VM_TRACE=1: each guest command timed, in OUT/<report>.trace
     trace = f"HOTCACHE_VM_TRACE={out / (report + '.trace')} " \
         if os.environ.get("HOTCACHE_VM_TRACE") else ""
+    # No plugin autoloading: the host's second install may be adding packages to the
+    # venv (a pytest plugin's entry point before its module) while a guest starts.
     command = (f"cd {REPO} && {trace}HOTCACHE_VM_PERSIST={persist} PYTHONDONTWRITEBYTECODE=1 "
+               "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 "
                f"{python} -m pytest -p no:cacheprovider -q --tb=short {pick}"
                f"-o junit_family=xunit1 --junitxml={out / report} "
                f"tests/vm/guest/{guest_module} > {out / (report + '.log')} 2>&1; "
