@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hotcache.provision.backends import block_cache
 from hotcache.provision.block import blockdev
@@ -22,6 +22,7 @@ from hotcache.provision.hotcopy.sizing import advise
 
 if TYPE_CHECKING:
     from hotcache.provision.backends.parts.stats import CacheStats
+    from hotcache.provision.engine.spec import CacheSpec, HostSpec
     from hotcache.provision.engine.statusrow import (BucketActivity, PromotionActivity,
                                                      RowFacts, Verdict)
     from hotcache.provision.hotcopy.sizing import AdviceDoc
@@ -44,7 +45,7 @@ def dataset_bytes(path: Path) -> int:
     return total
 
 
-def fast_tier_bytes(cache) -> int | None:
+def fast_tier_bytes(cache: CacheSpec) -> int | None:
     """The size of a spec'd cache's fast device (the SSD; for backend none, the origin),
     from the loop image's size or the block device, None when it cannot be read."""
     ref = cache.cache if block_cache(cache.backend) else cache.origin
@@ -53,14 +54,14 @@ def fast_tier_bytes(cache) -> int | None:
     if ref.loop is not None:
         return ref.loop.bytes
     try:
-        return blockdev.size_bytes(Host(), ref.path)
+        return blockdev.size_bytes(Host(), ref.file)
     except OSError:
         return None
 
 
-def plan_advice(host, datasets: list[Path]) -> list[dict]:
+def plan_advice(host: HostSpec, datasets: list[Path]) -> list[dict[str, Any]]:
     """`plan --dataset PATH`: each dataset against each cache's fast tier."""
-    out = []
+    out: list[dict[str, Any]] = []
     sizes = {str(d): dataset_bytes(d) for d in datasets}
     for cache in host.caches:
         capacity = fast_tier_bytes(cache)
@@ -75,7 +76,7 @@ def plan_advice(host, datasets: list[Path]) -> list[dict]:
     return out
 
 
-def row_advice(row: RowFacts, copies: list[dict]) -> AdviceDoc | None:
+def row_advice(row: RowFacts, copies: list[dict[str, Any]]) -> AdviceDoc | None:
     """A status row's working set against its fast tier: a block cache's filesystem data
     against the cache device; a plain SSD's hot copies against its filesystem."""
     stats = row.get("cache")
@@ -128,7 +129,7 @@ def churn(before: CacheStats | None, after: CacheStats,
     return moved
 
 
-def _bcache_message(verdict: str, prio: dict, hit_ratio) -> str:
+def _bcache_message(verdict: str, prio: dict[str, int], hit_ratio: float | None) -> str:
     shares = ", ".join(f"{k} {v}%" for k, v in prio.items())
     if verdict == "thrashing":
         return (f"no free buckets ({shares}) and a hit ratio of {hit_ratio}: the working set "
