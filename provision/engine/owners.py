@@ -17,10 +17,15 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hotcache.provision.block import blockdev
 from hotcache.provision.block.host import Host
 from hotcache.provision.engine import reattach
+
+if TYPE_CHECKING:
+    from hotcache.provision.engine.spec import HostSpec
+    from hotcache.provision.records import CacheEntry, DeviceRecord
 
 SYS_DEV_BLOCK = Path("/sys/dev/block")
 
@@ -115,7 +120,7 @@ def claim(owner: str, what: str, *paths: str, stacked: bool = False) -> Claim:
     return Claim(owner, what, frozenset(own), frozenset(above), frozenset(on))
 
 
-def spec_claims(spec, state: dict | None = None) -> list[Claim]:
+def spec_claims(spec: HostSpec, state: dict[str, Any] | None = None) -> list[Claim]:
     """The devices the spec names. For a cache the mapping already records, a device is
     the one its identity finds (the planner builds on that one, and refuses a name that
     now means another device): the spec's kernel name may since belong to another
@@ -125,14 +130,14 @@ def spec_claims(spec, state: dict | None = None) -> list[Claim]:
     for cache in spec.caches:
         entry = recorded.get(cache.name)
         for role, ref in cache.devices().items():
-            path = ref.path or ref.loop.file
+            path = ref.file
             info = entry.devices.get(role) if entry is not None else None
             found = _identity_paths(info) if info is not None else []
             out.append(claim(cache.name, f"{cache.name}.{role} ({ref.label})", *(found or [path])))
     return out
 
 
-def _identity_paths(info) -> list[str]:
+def _identity_paths(info: DeviceRecord) -> list[str]:
     """Where a recorded device is now, by what it is: its loop image, or the by-id links
     that still exist; [] when neither is there (the caller then fails closed on the
     spec's name)."""
@@ -141,7 +146,7 @@ def _identity_paths(info) -> list[str]:
     return [p for p in info.by_id or [] if os.path.exists(p)]
 
 
-def recorded_claims(state: dict) -> list[Claim]:
+def recorded_claims(state: dict[str, Any]) -> list[Claim]:
     """What the mapping records for each cache: the image file of a loop device (its
     /dev/loopN is whichever was free), else by-id links that still exist (a kernel name
     may since belong to another disk), else the recorded node (failing closed)."""
@@ -155,13 +160,13 @@ def recorded_claims(state: dict) -> list[Claim]:
     return out
 
 
-def _recorded(state: dict) -> dict:
+def _recorded(state: dict[str, Any]) -> dict[str, CacheEntry]:
     """Every cache the mapping records, and every origin that waits for a new SSD after
     its failed one was taken off (it keeps its filesystem, so it is still that cache's)."""
     return {**reattach.detached(state), **state.get("caches", {})}
 
 
-def conflicts(spec, state: dict) -> list[str]:
+def conflicts(spec: HostSpec, state: dict[str, Any]) -> list[str]:
     """Why devices of the spec are refused: named twice, or owned by another cache."""
     mine = spec_claims(spec, state)
     problems = []
