@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from hotcache.provision.system.strenum import StrEnum
 from hotcache.provision import mapping
@@ -171,7 +173,8 @@ def _bare_origin(host: Host, entry: CacheEntry, origin: DeviceSeen | None,
                   "reads bypass the cache, and writes made now are missing from it")
 
 
-def _persistent(name: str, entry: CacheEntry, fstab_file, found: _Findings) -> bool | None:
+def _persistent(name: str, entry: CacheEntry, fstab_file: str | os.PathLike[str] | None,
+                found: _Findings) -> bool | None:
     """Whether the fstab the cache was recorded in still mounts it at boot (None: the
     cache was not made persistent)."""
     recorded_in = entry.persist and entry.persist.fstab
@@ -186,7 +189,8 @@ def _persistent(name: str, entry: CacheEntry, fstab_file, found: _Findings) -> b
     return line is not None
 
 
-def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
+def cache_status(name: str, entry: CacheEntry, runner: Runner,
+                 fstab_file: str | os.PathLike[str] | None,
                  host: Host | None = None) -> StatusRow:
     host = host or Host(runner)
     backend = get_backend(entry.backend, host)
@@ -205,11 +209,17 @@ def cache_status(name: str, entry: CacheEntry, runner: Runner, fstab_file,
     if not backend.block_cache:       # the filesystem is on the origin itself
         origin = devices.get("origin")
         cached = origin["node"] if origin else None
+    # The mount's facts, key by key in MountFacts' order: spread (**) into the row, an
+    # open TypedDict could bring keys mypy cannot see (its extra_checks refuse that).
+    mount = _mount(host, entry, failed, found)
     seen: RowFacts = {
         "name": name, "backend": entry.backend, "mode": entry.mode,
         "state": entry.state, "devices": devices, "cached_device": cached,
         "mountpoint": entry.filesystem.mountpoint,
-        **_mount(host, entry, failed, found),
+        "mounted": mount["mounted"], "noatime": mount["noatime"],
+        "fs_uuid_matches": mount["fs_uuid_matches"], "options": mount["options"],
+        "size_bytes": mount["size_bytes"], "used_bytes": mount["used_bytes"],
+        "free_bytes": mount["free_bytes"],
         "persistent": _persistent(name, entry, fstab_file, found), "cache_failed": failed,
     }
     if backend.block_cache:
@@ -283,8 +293,9 @@ def _describe(entry: CacheEntry, role: str) -> str:
     return info.path or info.node or "?"
 
 
-def host_status(state_path, fstab_file, runner: Runner,
-                name: str | None = None, data: dict | None = None) -> list[StatusRow]:
+def host_status(state_path: Path, fstab_file: str | os.PathLike[str] | None, runner: Runner,
+                name: str | None = None,
+                data: dict[str, Any] | None = None) -> list[StatusRow]:
     """Status rows of every cache (or `name`); `data`: the mapping, when the caller has
     loaded it already (a command parses it once)."""
     data = data if data is not None else mapping.load(state_path)
