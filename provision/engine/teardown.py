@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 from hotcache.provision import mapping
 from hotcache.provision.backends import BACKENDS, block_cache
@@ -28,12 +29,13 @@ from hotcache.provision.engine.bootunit import remove_unit
 from hotcache.provision.engine.apply import Env, Planner
 from hotcache.provision.engine.status import cache_failure
 from hotcache.provision.errors import RefusedError, UsageError
-from hotcache.provision.plan import Plan
+from hotcache.provision.plan import Plan, RunContext
 from hotcache.provision.records import CacheEntry
 from hotcache.provision.system.sizes import parse_size
 
 
-def _refuse_if_failed(name: str, entry, env: Env, seen: dict) -> None:
+def _refuse_if_failed(name: str, entry: CacheEntry, env: Env,
+                      seen: dict[str, str | None]) -> None:
     """A cache whose SSD failed cannot be flushed through it: its plain teardown (the
     command an admin tries first) and the restore it would otherwise point at both fail
     on the dead SSD. Say the command that works, with the loss to accept if any."""
@@ -85,7 +87,7 @@ def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = Fal
     return plan
 
 
-def _unknown(name: str, data: dict, env: Env) -> UsageError:
+def _unknown(name: str, data: dict[str, Any], env: Env) -> UsageError:
     """The error for a name the mapping does not hold, listing the names it does."""
     known = ", ".join(data["caches"]) or "none"
     return UsageError(f"no cache named {name!r} in the mapping {env.state} (known: {known})",
@@ -136,7 +138,7 @@ def _plan_live(name: str, entry: CacheEntry, env: Env, backend: Backend,
     if backend.restores_at_boot:
         remove_unit(p, name)
     _remove_fstab_entry(p, name, entry)
-    kept = []
+    kept: list[tuple[str, str]] = []
     for role in entry.devices:
         image = _release_device(p, plan, backend, entry, role, nodes[role], wipe=wipe,
                                 remove_images=remove_images)
@@ -201,7 +203,7 @@ def _refuse_if_busy(name: str, mp: str) -> None:
                                 "into it) and run teardown again")
 
 
-def _plan_failed(name: str, entry: CacheEntry, env: Env, seen: dict,
+def _plan_failed(name: str, entry: CacheEntry, env: Env, seen: dict[str, str | None],
                  accept_loss: str | None) -> Plan:
     """Take apart a cache whose SSD failed, without it: unmount, let the backend drop
     the cache layer, leave the origin with its filesystem, forget the cache."""
@@ -268,7 +270,7 @@ def _plan_detached(name: str, env: Env, *, forget: bool) -> Plan:
                  "and its filesystem stay as they are)")
     plan = Plan()
 
-    def drop(ctx) -> None:
+    def drop(ctx: RunContext) -> None:
         if ctx.runner.dry_run:
             return
         with mapping.editing(env.state) as state:
@@ -289,12 +291,12 @@ def _remove_fstab_entry(p: Planner, name: str, entry: CacheEntry) -> None:
                  lambda ctx: fstab.set_entry(path, name, None, fs_uuid, [mp]))
 
 
-def _forget(p: Planner, name: str, env: Env, entry: CacheEntry, kept: list,
-            detached: Callable[[dict], None] | None = None) -> None:
+def _forget(p: Planner, name: str, env: Env, entry: CacheEntry, kept: list[tuple[str, str]],
+            detached: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Queue the step that removes the cache's entry (and records what outlives it: kept
     images, or, through `detached`, an origin waiting for a new SSD). A re-attach that did
     not finish left the record of the origin it started from: it goes with the entry."""
-    def forget(ctx):
+    def forget(ctx: RunContext) -> None:
         if ctx.runner.dry_run:
             return
         with mapping.editing(env.state) as state:
