@@ -165,11 +165,11 @@ class HostSpec(Strict):
 M = TypeVar("M", bound=BaseModel)
 
 
-def json_schema() -> dict:
+def json_schema() -> dict[str, Any]:
     """The spec's JSON Schema, for editors and CI: pydantic's, with the static rules the
     models check in code (a name's pattern, an octal mode) and each backend's modes,
     tunables and cache device, read from the backends' registry."""
-    schema = _device_shorthand(HostSpec.model_json_schema())
+    schema: dict[str, Any] = _device_shorthand(HostSpec.model_json_schema())
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "hotcache host spec"
     cache = schema["$defs"]["CacheSpec"]
@@ -183,7 +183,7 @@ def json_schema() -> dict:
     return schema
 
 
-def _backend_rules(name: str) -> dict:
+def _backend_rules(name: str) -> dict[str, Any]:
     """If `backend` is this one: its modes, its tunables, and a cache device or none."""
     backend = BACKENDS[name]
     then: dict[str, Any] = {"properties": {
@@ -198,7 +198,7 @@ def _backend_rules(name: str) -> dict:
             "then": then}
 
 
-def _device_shorthand(node):
+def _device_shorthand(node: Any) -> Any:
     """A device may be written as its path alone (`origin: /dev/sdb`): DeviceRef's
     `before` validator accepts that, but pydantic's schema only shows the object form."""
     if isinstance(node, list):
@@ -484,7 +484,7 @@ def parse_spec(text: str, source: str = "<spec>") -> HostSpec:
 STDIN = "-"
 
 
-def load_spec(path: str | os.PathLike) -> HostSpec:
+def load_spec(path: str | os.PathLike[str]) -> HostSpec:
     """The spec in the file `path`, or on standard input for `-` (`<stdin>` in messages)."""
     if str(path) == STDIN:
         return parse_spec(sys.stdin.read(), "<stdin>")
@@ -499,7 +499,7 @@ def load_spec(path: str | os.PathLike) -> HostSpec:
     return parse_spec(text, str(p))
 
 
-def without_wipe(spec: dict) -> dict:
+def without_wipe(spec: dict[str, Any]) -> dict[str, Any]:
     """`wipe: true` was consent for the first build; a restore never replays it."""
     out = dict(spec)
     for role in ("origin", "cache"):
