@@ -23,7 +23,7 @@ from hotcache.provision.block import blockdev, busy, header, identity
 from hotcache.provision.block.host import Host
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import BACKENDS, backend_report, get as get_backend
-from hotcache.provision.backends.base import Backend
+from hotcache.provision.backends.base import Backend, Signature
 from hotcache.provision.errors import HotcacheError, KernelUnsupported, ProbeFailed, RefusedError
 from hotcache.provision.engine import failoverunit, images, owners, reattach, recheck
 from hotcache.provision.plan import Plan, Ref, RunContext, Step
@@ -70,8 +70,8 @@ class Device:
     present: bool                    # the block device exists now
     size: int
     report: blockdev.DeviceReport | None = None
-    fs: dict = field(default_factory=dict)      # blkid's TYPE/UUID/LABEL
-    image_signatures: list[dict] = field(default_factory=list)
+    fs: dict[str, str] = field(default_factory=dict)      # blkid's TYPE/UUID/LABEL
+    image_signatures: list[dict[str, Any]] = field(default_factory=list)
     image_data: int = 0              # bytes an existing loop image holds (allocated)
     # Identity proven to be the device the mapping entry recorded (by-id, serial, WWN,
     # partition UUID, loop image, hotcache's signature): only then can it be "ours".
@@ -94,7 +94,7 @@ class Planner:
         # kernel stopped): the mount is planned as if nothing were mounted there.
         self.released: set[str] = set()
 
-    def command(self, summary: str, argv: list, *, capture: str | None = None,
+    def command(self, summary: str, argv: list[str | Ref], *, capture: str | None = None,
             destructive: bool = False, devices: tuple[str, ...] = (),
             check: Callable[[RunContext], None] | None = None) -> None:
         """Queue a program. A destructive step proves again, right before it runs, each
@@ -127,7 +127,7 @@ class Planner:
         self.plan.steps.append(Step(self.cache, summary, argv, capture=capture,
                                     destructive=destructive, check=_both(guard, check)))
 
-    def do(self, summary: str, action) -> None:
+    def do(self, summary: str, action: Callable[[RunContext], None]) -> None:
         self.plan.steps.append(Step(self.cache, summary, action=action))
 
     def refuse(self, why: str) -> None:
@@ -206,7 +206,7 @@ def resolve(p: Planner, role: str, ref: DeviceRef, roots: set[str]) -> Device:
     return Device(role, ref, placeholder, False, size, None, fs, sigs, image_data=held)
 
 
-def _fs(host: Host, node: str, rep: blockdev.DeviceReport) -> dict:
+def _fs(host: Host, node: str, rep: blockdev.DeviceReport) -> dict[str, str]:
     """blkid's view of the device. When blkid cannot read a device that is refused anyway
     (root, mounted, held), the refusal, not the failed probe, is what is said."""
     try:
@@ -302,7 +302,7 @@ def first_build(p: Planner, entry: CacheEntry | None) -> bool:
     return not p.restoring and (entry is None or entry.state == EntryState.BUILDING)
 
 
-def preflight(p: Planner, backend, spec: CacheSpec, entry: CacheEntry | None, dev: Device,
+def preflight(p: Planner, backend: Backend, spec: CacheSpec, entry: CacheEntry | None, dev: Device,
               min_size: int) -> None:
     """Refuse what is unsafe; queue a wipe where the spec consented to one."""
     at = f"{spec.name}.{dev.role} ({dev.ref.label})"
@@ -366,7 +366,8 @@ def preflight(p: Planner, backend, spec: CacheSpec, entry: CacheEntry | None, de
     dev.fs = {}
 
 
-def _header_signature(host: Host, node: str, expected: tuple | None) -> list[dict]:
+def _header_signature(host: Host, node: str,
+                      expected: Signature | None) -> list[dict[str, Any]]:
     """hotcache's header of another cache (a raw dm-cache SSD), which blkid and wipefs do
     not know, as a signature to refuse like theirs; the header this cache's own entry
     records (`expected`, the backend's signature for the role) is no conflict."""
@@ -587,8 +588,8 @@ def _filesystem_uuid(p: Planner, spec: CacheSpec, backend: Backend, entry: Cache
     return str(uuid.uuid4())
 
 
-def _plan_filesystem(p: Planner, spec: CacheSpec, backend, entry: CacheEntry | None,
-                     devs: dict[str, Device], target, target_dev: Device, fs_uuid: str,
+def _plan_filesystem(p: Planner, spec: CacheSpec, backend: Backend, entry: CacheEntry | None,
+                     devs: dict[str, Device], target: str | Ref, target_dev: Device, fs_uuid: str,
                      made: bool) -> bool:
     """Queue the format of a new filesystem, or the check of one already `made`; False
     (with a refusal) when the device shows another filesystem than the one made.
@@ -648,7 +649,8 @@ def _fs_shown(dev: Device) -> str:
     return f"{dev.fs['TYPE']} {dev.fs.get('UUID', '')}".strip()
 
 
-def _check_filesystem(host: Host, ctx: RunContext, target, fs_uuid: str, name: str) -> None:
+def _check_filesystem(host: Host, ctx: RunContext, target: str | Ref, fs_uuid: str,
+                      name: str) -> None:
     if ctx.runner.dry_run:
         return
     node = ctx.resolve(target)
@@ -661,7 +663,8 @@ def _check_filesystem(host: Host, ctx: RunContext, target, fs_uuid: str, name: s
                                 "once the right disks are present")
 
 
-def _target_device(host: Host, spec: CacheSpec, devs: dict[str, Device], target) -> Device:
+def _target_device(host: Host, spec: CacheSpec, devs: dict[str, Device],
+                   target: str | Ref) -> Device:
     for dev in devs.values():
         if dev.node == target:
             return dev
@@ -672,7 +675,7 @@ def _target_device(host: Host, spec: CacheSpec, devs: dict[str, Device], target)
     return Device("cached", spec.origin, target, False, 0)
 
 
-def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target,
+def _plan_mount(p: Planner, spec: CacheSpec, entry: CacheEntry | None, target: str | Ref,
                 target_dev: Device, *, unmounted: bool = False) -> bool:
     """Queue what it takes to have the filesystem mounted; True if a mount is queued.
     `unmounted`: a step before unmounts what is on the mountpoint now."""
@@ -753,7 +756,7 @@ def _entry_drifted(entry: CacheEntry | None, spec: CacheSpec) -> bool:
     return without_wipe(entry.spec) != recorded_spec(spec)
 
 
-def recorded_spec(spec: CacheSpec) -> dict:
+def recorded_spec(spec: CacheSpec) -> dict[str, Any]:
     """The spec as the mapping keeps it: `wipe: true` was consent for the first build
     and is not kept for restore to replay."""
     return without_wipe(spec.model_dump(mode="json", exclude_none=True))
@@ -771,7 +774,7 @@ def _writeback_ever(old: CacheEntry | None, mode: str | None) -> bool | None:
 
 
 def _write_entry(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunContext,
-            fs_uuid: str, target, state: EntryState, *, seed: CacheEntry | None = None,
+            fs_uuid: str, target: str | Ref | None, state: EntryState, *, seed: CacheEntry | None = None,
             reattached: bool = False) -> None:
     """Write the cache's entry. `seed`: the record of a cache whose failed SSD was taken
     off (its backend facts and hot copies carry over); `reattached`: that record is
@@ -826,7 +829,8 @@ def _write_entry(env: Env, spec: CacheSpec, devs: dict[str, Device], ctx: RunCon
         )
 
 
-def execute(plan: Plan, runner: Runner, progress=None) -> None:
+def execute(plan: Plan, runner: Runner,
+            progress: Callable[[int, Step], None] | None = None) -> None:
     ctx = RunContext(runner)
     for i, step in enumerate(plan.steps):
         if progress:

@@ -178,7 +178,7 @@ def _release_device(p: Planner, plan: Plan, backend: Backend, entry: CacheEntry,
         p.command(f"detach loop device {node} (image {image})", ["losetup", "--detach", node])
     fate = _image_fate(image, remove_images=remove_images,
                        exists=image is not None and os.path.exists(image))
-    if fate == "delete":
+    if fate == "delete" and image is not None:    # "delete" only for an image
         p.command(f"delete the image file {image} (--remove-images)", ["rm", "--", image],
                   destructive=True)
     return image if fate == "keep" else None

@@ -1,5 +1,5 @@
-"""The packages that touch the kernel (backends/, with parts/, block/, tend/ and engine/'s
-typed modules) are type-checked with every flag of mypy's `--strict`, set per module in pyproject.toml's [tool.mypy]: read
+"""The packages that touch the kernel (backends/, with parts/, block/, tend/ and
+engine/) are type-checked with every flag of mypy's `--strict`, set per module in pyproject.toml's [tool.mypy]: read
 here the way mypy reads it, so that relaxing one flag fails a test, and checked on a
 planted untyped def, so that the setting demonstrably reaches those packages."""
 
@@ -16,12 +16,13 @@ mypy_main = pytest.importorskip("mypy.main")
 
 ROOT = Path(__file__).resolve().parents[3]
 STRICT_PACKAGES = ("hotcache.provision.backends", "hotcache.provision.block",
-                   "hotcache.provision.tend")
+                   "hotcache.provision.tend", "hotcache.provision.engine")
 # Each package itself, a module of it and of a subpackage.
 MODULES = ("hotcache.provision.backends", "hotcache.provision.backends.bcache",
            "hotcache.provision.backends.parts", "hotcache.provision.backends.parts.dmtable",
            "hotcache.provision.block", "hotcache.provision.block.host",
            "hotcache.provision.tend", "hotcache.provision.tend.failover",
+           "hotcache.provision.engine", "hotcache.provision.engine.apply",
            "hotcache.provision.engine.restore", "hotcache.provision.engine.recheck")
 
 
@@ -57,8 +58,8 @@ def mypy_config(text: str) -> str:
 def test_an_untyped_def_planted_in_a_kernel_package_is_flagged(tmp_path):
     (tmp_path / "pyproject.toml").write_text(mypy_config((ROOT / "pyproject.toml").read_text()))
     planted = []
-    # A new module of each strict package, and (engine/ being strict module by module)
-    # one of engine/'s strict modules, planted in its place.
+    # A new module of each strict package, and one of engine/'s modules planted in its
+    # place (a module the override names, not only a new one).
     modules = [f"{p}.planted" for p in (*STRICT_PACKAGES, "hotcache.provision.backends.parts")]
     for module in (*modules, "hotcache.provision.engine.recheck"):
         package, name = module.rsplit(".", 1)
