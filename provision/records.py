@@ -129,12 +129,17 @@ class DmCacheState(BackendState):
     block_sectors: int | None = None
     meta_sectors: int | None = None
     data_sectors: int | None = None
-    names: dict[str, str] | None = None   # part (cache, meta, data) -> dm name
+    names: dict[str, str] | None = None   # part (top, cache, meta, data) -> dm name
     table: str | None = None
     # hotcache's header at the start of the SSD (block/header.py): the sectors it keeps
     # (0 for a cache built before there was one) and the UUID that proves the SSD.
     header_sectors: int | None = None
     header_uuid: str | None = None
+    # Where the filesystem starts on the origin, in sectors: after hotcache's header on
+    # the origin (its UUID proves the origin), so the bare origin never shows the
+    # filesystem. 0 or None: a cache built before, its filesystem at the origin's start.
+    fs_offset: int | None = None
+    origin_header_uuid: str | None = None
 
 
 class LvmCacheState(BackendState):

@@ -149,6 +149,11 @@ class Backend:
         None: --wipe erases them."""
         return None
 
+    def wipe_header(self, entry: "CacheEntry", role: str) -> str | None:
+        """The UUID of hotcache's own header (block/header.py) on the `role` device, which
+        `teardown --wipe` erases besides the signatures wipefs knows; None: none there."""
+        return None
+
     @classmethod
     def forget_loses(cls, entry: "CacheEntry") -> list[str]:
         """What the entry's backend_state alone knows, which `teardown --forget` loses

@@ -1,9 +1,16 @@
 """Backend `dm-cache`: raw device-mapper tables through dmsetup.
 
 The SSD is split by two linear targets into metadata (sized by `cache_metadata_size`) and
-data; a `cache` target joins them with the origin. Tables vanish at reboot, so the
-geometry is kept in the mapping and `hotcache restore` loads the same tables again (the
-metadata is zeroed only when the cache is first built, never on restore).
+data; a `cache` target joins them with the origin (hc-NAME-cache). The origin starts
+with hotcache's header, and the filesystem lives 1 MiB in, where the top device
+(hc-NAME, a linear target on the cache device) maps it: the bare origin never shows a
+filesystem that `mount -a` or a rescue system could mount without its cache, stale.
+A cache built before this layout (the cache target itself hc-NAME, its filesystem at
+the origin's start) keeps its own, as its recorded names and `fs_offset` 0 say.
+
+Tables vanish at reboot, so the geometry is kept in the mapping and `hotcache restore`
+loads the same tables again (the metadata is zeroed only when the cache is first built,
+never on restore).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from hotcache.provision.backends.parts.dmflush import MIN_MIGRATION, ensure_writeback, wait_clean
 from hotcache.provision.backends.parts.dmtable import (CacheTable, cache_stats, parse_status,
                                                  parse_table, status_failure)
-from hotcache.provision.block import header, probe
+from hotcache.provision.block import blockdev, header, probe
 from hotcache.provision.errors import HotcacheError, ProbeFailed
 from hotcache.provision.plan import Ref, RunContext
 from hotcache.provision.records import CacheEntry, DmCacheState, EntryState
@@ -31,11 +38,30 @@ if TYPE_CHECKING:
 
 DEFAULT_BLOCK = 64 * 1024     # bytes: small blocks suit many small dataset files
 MIB = 2048                    # sectors
+FS_OFFSET = MIB               # sectors of the origin before the filesystem: the header's
 
 
-def dm_names(cache: str) -> dict[str, str]:
+def dm_names(cache: str, *, layered: bool = True) -> dict[str, str]:
+    """The device-mapper names of cache `cache`'s devices. `layered`: the top device
+    maps the filesystem past the origin's header; otherwise (a cache built before) the
+    cache target is the top device."""
     base = f"hc-{cache}"
-    return {"cache": base, "meta": f"{base}-meta", "data": f"{base}-data"}
+    if not layered:
+        return {"cache": base, "meta": f"{base}-meta", "data": f"{base}-data"}
+    return {"top": base, "cache": f"{base}-cache", "meta": f"{base}-meta",
+            "data": f"{base}-data"}
+
+
+def names_of(entry: CacheEntry) -> dict[str, str]:
+    """The recorded names, else those a cache of this name gets (never built yet)."""
+    st = state.of(entry, DmCacheState)
+    return st.names or dm_names(entry.spec.get("name", ""), layered=bool(st.fs_offset)
+                                or not st.data_sectors)
+
+
+def top_table(origin_sectors: int, cache_dev: str, offset: int) -> str:
+    """The top device's table: the cache device from `offset` on, where the filesystem is."""
+    return f"0 {origin_sectors - offset} linear {cache_dev} {offset}"
 
 
 def live_table(name: str, runner: Runner) -> str | None:
@@ -97,6 +123,9 @@ class DmCache(Backend):
         recorded = entry.filesystem.uuid if entry is not None else None
         if dev.role == "origin" and dev.proven and recorded and dev.fs.get("UUID") == recorded:
             return True     # also an origin waiting for a new SSD (no geometry recorded)
+        if dev.role == "origin" and dev.proven and st.origin_header_uuid \
+                and self._header_uuid(dev) == st.origin_header_uuid:
+            return True     # the header hotcache wrote in front of the filesystem
         if not st.data_sectors:
             return False
         if not dev.proven:
@@ -106,7 +135,22 @@ class DmCache(Backend):
         return bool(holders) and all(self._dm_name(h) in names for h in holders) \
             or (dev.role == "cache" and not dev.fs)
 
+    def _header_uuid(self, dev: Device) -> str | None:
+        """The UUID in hotcache's header at the start of `dev` (None: none, or the device
+        is not attached yet or cannot be read, which proves nothing)."""
+        if not isinstance(dev.node, str):
+            return None
+        try:
+            found = header.read(self.host, dev.node)
+        except OSError:
+            return None
+        return found["uuid"] if found else None
+
     def signature(self, entry: CacheEntry, role: str) -> Signature | None:
+        origin_claim = state.of(entry, DmCacheState).origin_header_uuid
+        if role == "origin" and origin_claim:
+            # the filesystem starts after the header, so blkid shows none on the origin
+            return (header.TYPE, origin_claim)
         if role == "cache":
             # dm-cache metadata carries nothing blkid knows: hotcache's header proves the
             # SSD (a cache built before there was one has none)
@@ -117,21 +161,51 @@ class DmCache(Backend):
         return ("xfs", entry.filesystem.uuid, "may be absent")
 
     def live(self, entry: CacheEntry, nodes: Nodes) -> str | None:
-        names = state.of(entry, DmCacheState).names or dm_names(entry.spec.get("name", ""))
+        names = names_of(entry)
         if live_table(names["cache"], self.host.runner) is None:
             return f"its dm-cache table {names['cache']} is not loaded"
+        if "top" in names and live_table(names["top"], self.host.runner) is None:
+            return f"its top device {names['top']}, which maps the filesystem, is not loaded"
         return None
 
     def keeps_filesystem(self, entry: CacheEntry | None, devs: Mapping[str, Device]) -> bool:
         recorded = entry and entry.filesystem.uuid
-        return devs["origin"].proven and bool(recorded) \
-            and devs["origin"].fs.get("UUID") == recorded
+        origin = devs["origin"]
+        if not (origin.proven and recorded):
+            return False
+        st = state.of(entry, DmCacheState)
+        if origin.fs.get("UUID") == recorded:
+            return True
+        # behind this cache's header, the filesystem itself (a first build stopped
+        # between the header and the format has none yet)
+        if not (st.fs_offset and st.origin_header_uuid and isinstance(origin.node, str)
+                and self._header_uuid(origin) == st.origin_header_uuid):
+            return False
+        inner = blockdev.fs_identity(self.host, origin.node, offset=st.fs_offset * 512)
+        return inner.get("UUID") == recorded
 
-    def geometry(self, p: Planner, spec: CacheSpec, st: DmCacheState,
+    def fs_offset(self, entry: CacheEntry | None, origin: Device) -> int:
+        """Where the filesystem starts on the origin (sectors): as recorded for a cache
+        built or waiting for a new SSD; 0 for an origin that shows the recorded
+        filesystem at its start (a cache built before the header, kept); else past the
+        header hotcache writes in front of a new filesystem."""
+        st = state.of(entry, DmCacheState)
+        if st.data_sectors or st.fs_offset is not None:
+            return st.fs_offset or 0
+        if st.names is not None and "top" not in st.names:
+            return 0
+        recorded = entry.filesystem.uuid if entry is not None else None
+        if recorded and origin.fs.get("UUID") == recorded:
+            return 0
+        return FS_OFFSET
+
+    def geometry(self, p: Planner, spec: CacheSpec, entry: CacheEntry | None,
                  devs: Mapping[str, Device]) -> dict[str, Any]:
+        st = state.of(entry, DmCacheState)
         if st.data_sectors:
             return {"block_sectors": st.block_sectors, "meta_sectors": st.meta_sectors,
-                    "data_sectors": st.data_sectors, "header_sectors": st.header_sectors or 0}
+                    "data_sectors": st.data_sectors, "header_sectors": st.header_sectors or 0,
+                    "fs_offset": st.fs_offset or 0}
         block = int(spec.tunables.get("block_size", DEFAULT_BLOCK))
         if block % 32768 or not 32768 <= block <= 2**30:
             p.refuse(f"{spec.name}.tunables.block_size: {block} must be a multiple of 32768 "
@@ -145,17 +219,19 @@ class DmCache(Backend):
             p.refuse(f"{spec.name}.cache: the SSD is too small for dm-cache with {block * 512} "
                      "byte blocks")
         return {"block_sectors": block, "meta_sectors": meta, "data_sectors": data,
-                "header_sectors": header.SECTORS}
+                "header_sectors": header.SECTORS, "fs_offset": self.fs_offset(entry, devs["origin"])}
 
     def build(self, p: Planner, spec: CacheSpec, entry: CacheEntry | None,
               devs: Mapping[str, Device]) -> str | Ref:
         st = state.of(entry, DmCacheState)
         runner = self.host.runner
-        names = dm_names(spec.name)
         origin, cache = devs["origin"], devs["cache"]
-        geo = self.geometry(p, spec, st, devs)
+        geo = self.geometry(p, spec, entry, devs)
+        offset = geo["fs_offset"]
+        names = st.names or dm_names(spec.name, layered=bool(offset))
+        top = f"/dev/mapper/{names.get('top', names['cache'])}"
         if p.refusals:
-            return f"/dev/mapper/{names['cache']}"
+            return top
         # Metadata is zeroed only for a cache never built: once the geometry is recorded
         # the metadata describes blocks (dirty ones in writeback) that must not be lost.
         fresh = not st.data_sectors
@@ -165,15 +241,15 @@ class DmCache(Backend):
                           spec.effective_mode, [], str(spec.tunables.get("policy", "smq")),
                           _policy_args(spec.tunables))
         current = live_table(names["cache"], runner)
-        # The top device switched to a linear mapping of the origin after the SSD failed
-        # (parts/failover.py), the filesystem still mounted on it: a new SSD is attached
+        # The cache device switched to a linear mapping of the origin after the SSD failed
+        # (parts/failover.py), the filesystem still mounted above it: a new SSD is attached
         # under it by loading a cache table in its place, as the switch loaded the linear.
         online = current is not None and self._on_origin(current, origin)
         if current is not None and not online and current.split()[2:3] != ["cache"]:
             p.refuse(f"{spec.name}: {names['cache']} holds `{current}`, neither the cache "
                      "table hotcache loads nor a linear mapping of the whole origin; nothing "
                      f"was changed. `dmsetup table {names['cache']}` shows it")
-            return f"/dev/mapper/{names['cache']}"
+            return top
         if online and not fresh and (entry is None or entry.state != EntryState.BUILDING):
             # Only an attach that recorded the new SSD's geometry and stopped (state
             # `building`) goes on from here; a built cache whose record lacks the switch
@@ -183,8 +259,10 @@ class DmCache(Backend):
                      f"record that; nothing was changed. `hotcache teardown {spec.name} "
                      "--cache-failed` takes the failed cache apart (it unmounts the "
                      "filesystem); then name a new SSD in the spec and apply")
-            return f"/dev/mapper/{names['cache']}"
+            return top
         recorded_now = False
+        if fresh and offset and not st.origin_header_uuid:
+            self._write_header(p, spec.name, origin.node, role="origin", offset=offset)
         if current is None or online:
             if fresh:
                 p.command(f"erase old signatures on the cache device {cache.ref.label}",
@@ -192,7 +270,7 @@ class DmCache(Backend):
                 self._write_header(p, spec.name, cache.node)
             for part, start, length in (("meta", head, meta), ("data", head + meta, data)):
                 if online and fresh and live_table(names[part], runner) is not None:
-                    # the failed SSD's map, which the linear top no longer uses; --force
+                    # the failed SSD's map, which the linear mapping no longer uses; --force
                     # swaps in the error target, so nothing waits on that SSD
                     p.command(f"remove the failed SSD's cache {part} mapping",
                               ["dmsetup", "remove", "--force", "--retry", names[part]])
@@ -237,9 +315,15 @@ class DmCache(Backend):
                       ["dmsetup", "reload", names["cache"], "--table", new.render()])
                 p.command("switch to the new table in place (no rebuild)",
                       ["dmsetup", "resume", names["cache"]])
-        if not recorded_now and (st.data_sectors != data or st.names != names):
+        if "top" in names and live_table(names["top"], runner) is None:
+            p.command(f"create the top device {names['top']}: the cache device from "
+                      f"{offset // MIB} MiB in, past hotcache's header on the origin, where "
+                      "the filesystem is", ["dmsetup", "create", names["top"], "--table",
+                      top_table(origin.size // 512, f"/dev/mapper/{names['cache']}", offset)])
+        if not recorded_now and (st.data_sectors != data or st.names != names
+                                 or (st.fs_offset or 0) != offset):
             self._remember_geometry(p, geo, names, want)
-        return f"/dev/mapper/{names['cache']}"
+        return top
 
     @staticmethod
     def _remember_geometry(p: Planner, geo: dict[str, Any], names: dict[str, str],
@@ -257,41 +341,90 @@ class DmCache(Backend):
         return f[1] == str(origin.size // 512) and f[3] in (self.host.devnum(origin.node),
                                                              origin.node)
 
-    def _write_header(self, p: Planner, cache: str, node: str | Ref) -> None:
-        """hotcache's header in the first 4 KiB of the SSD, with a UUID drawn when it runs
-        (a plan shows no random value), recorded as the SSD's signature."""
+    def _write_header(self, p: Planner, cache: str, node: str | Ref, *, role: str = "cache",
+                      offset: int = 0) -> None:
+        """hotcache's header at the start of the SSD (its first 4 KiB) or the origin (its
+        first `offset` sectors, the rest zeroed: the filesystem starts after them), with
+        a UUID drawn when it runs (a plan shows no random value), recorded as the
+        device's signature."""
         def write(ctx: RunContext) -> dict[str, Any]:
             if ctx.runner.dry_run:
                 return {}
             drawn = str(uuid.uuid4())
+            if role == "origin":
+                body = header.render(cache, self.name, drawn, role="origin",
+                                     filesystem_offset_bytes=offset * 512)
+                header.write(ctx.resolve(node), body.ljust(offset * 512, b"\0"))
+                return {"origin_header_uuid": drawn, "fs_offset": offset}
             header.write(ctx.resolve(node), header.render(cache, self.name, drawn))
             return {"header_uuid": drawn}
+        if role == "origin":
+            state.remember(p, f"write hotcache's header (cache {cache}, a new UUID) in the "
+                           f"first {offset // MIB} MiB of the origin, before the filesystem: "
+                           "the bare origin never shows a filesystem to mount without the "
+                           "cache, and the UUID proves which cache the origin is", write)
+            return
         state.remember(p, f"write hotcache's header (cache {cache}, a new UUID) in the first "
                        f"{header.SIZE // 1024} KiB of the SSD: it proves which cache the SSD "
                        "is, where serials can follow the slot", write)
 
     def stats(self, entry: CacheEntry, nodes: Nodes) -> CacheStats:
-        names = state.of(entry, DmCacheState).names or dm_names(entry.spec["name"])
+        names = names_of(entry)
         res = self.host.runner.run(["dmsetup", "status", names["cache"]])
         return cache_stats(parse_status(res.stdout))
 
     def failure(self, entry: CacheEntry, nodes: Nodes) -> Failure | None:
-        names = state.of(entry, DmCacheState).names or dm_names(entry.spec["name"])
+        names = names_of(entry)
         return status_failure(self.host.runner, ["dmsetup", "status", names["cache"]], entry)
 
     def failover_device(self, entry: CacheEntry) -> str | None:
-        return (state.of(entry, DmCacheState).names or dm_names(entry.spec["name"]))["cache"]
+        return names_of(entry)["cache"]
 
     def drop_failed_cache(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> str:
         origin = present_origin(nodes, p.cache)
-        names = state.of(entry, DmCacheState).names or dm_names(p.cache)
+        names = names_of(entry)
         # --force swaps in the error target first, so a table stuck on the failed SSD
         # (suspended, or failing its metadata commit) is removed without a flush.
-        for part in ("cache", "data", "meta"):
-            if live_table(names[part], self.host.runner) is not None:
+        for part in ("top", "cache", "data", "meta"):
+            if part in names and live_table(names[part], self.host.runner) is not None:
                 p.command(f"remove the {part} mapping without a flush (the SSD failed)",
                       ["dmsetup", "remove", "--force", "--retry", names[part]])
-        return origin
+        offset = state.of(entry, DmCacheState).fs_offset
+        if not offset or "top" not in names:
+            return origin           # a cache built before the header: the origin shows it
+        # The filesystem starts past hotcache's header: mapped as the fail-over leaves it
+        # (the cache device a linear mapping of the whole origin, the top device on it),
+        # so a new SSD is attached under it as under a switched cache.
+        sectors = self._sectors(origin)
+        p.command(f"map the whole origin {origin} as {names['cache']}, without the failed "
+                  "cache", ["dmsetup", "create", names["cache"], "--table",
+                            f"0 {sectors} linear {origin} 0"])
+        p.command(f"map the filesystem {offset // MIB} MiB into the origin as {names['top']}",
+                  ["dmsetup", "create", names["top"], "--table",
+                   top_table(sectors, f"/dev/mapper/{names['cache']}", offset)])
+        p.plan.notes.append(
+            f"{p.cache}: its filesystem starts {offset // MIB} MiB into the origin {origin}, "
+            f"after hotcache's header; /dev/mapper/{names['top']} maps it until the next "
+            f"boot. After a boot, `dmsetup create {names['top']} --table '0 "
+            f"{sectors - offset} linear {origin} {offset}'` maps it again")
+        return f"/dev/mapper/{names['top']}"
+
+    def surviving_state(self, entry: CacheEntry) -> dict[str, Any]:
+        # The origin keeps its header and the filesystem where it was; the device names
+        # say which layout the new SSD's cache is built in (the metadata, the data and
+        # the SSD's header are the failed SSD's, gone with it).
+        st = state.of(entry, DmCacheState)
+        kept = {"names": names_of(entry), "fs_offset": st.fs_offset,
+                "origin_header_uuid": st.origin_header_uuid}
+        return {key: value for key, value in kept.items() if value is not None}
+
+    def _sectors(self, node: str) -> int:
+        """The size of block device `node` in sectors, as the kernel reports it now."""
+        where = f"{self.host.sysfs(node)}/size"
+        size = self.host.read(where)
+        if size is None or not size.strip().isdigit():
+            raise ProbeFailed(["cat", where], 1, "", f"cannot read the size of {node}")
+        return int(size)
 
     @classmethod
     def forget_loses(cls, entry: CacheEntry) -> list[str]:
@@ -303,7 +436,7 @@ class DmCache(Backend):
 
     def dismantle(self, p: Planner, entry: CacheEntry, nodes: Nodes) -> None:
         runner = self.host.runner
-        names = state.of(entry, DmCacheState).names or dm_names(p.cache)
+        names = names_of(entry)
         current = live_table(names["cache"], runner)
         if current is not None:
             live = parse_table(current)
@@ -317,6 +450,10 @@ class DmCache(Backend):
                  lambda ctx: None if ctx.runner.dry_run else ensure_writeback(names["cache"], ctx.runner))
             p.do("wait until the cache holds 0 dirty blocks",
                  lambda ctx: None if ctx.runner.dry_run else wait_clean(names["cache"], ctx.runner))
+        if "top" in names and live_table(names["top"], runner) is not None:
+            p.command("remove the top device (the filesystem's mapping)",
+                      ["dmsetup", "remove", "--retry", names["top"]])
+        if current is not None:
             p.command("remove the cache device", ["dmsetup", "remove", "--retry", names["cache"]])
         for part in ("data", "meta"):
             if live_table(names[part], runner) is not None:
@@ -330,6 +467,15 @@ class DmCache(Backend):
                 if not ctx.runner.dry_run:
                     header.erase(self.host, ctx.resolve(node), claim)
             p.do(f"erase hotcache's header (this cache's UUID) from the SSD {node}", erase)
+        offset, origin = state.of(entry, DmCacheState).fs_offset, nodes.get("origin")
+        if offset and origin:
+            p.plan.notes.append(
+                f"{origin} keeps the filesystem {offset // MIB} MiB in, after hotcache's "
+                f"header: `losetup --find --show --offset {offset * 512} {origin}` gives a "
+                "device that mounts it (`teardown --wipe` erases the header)")
+
+    def wipe_header(self, entry: CacheEntry, role: str) -> str | None:
+        return state.of(entry, DmCacheState).origin_header_uuid if role == "origin" else None
 
 
 def _resume_or_back(ctx: RunContext, name: str) -> None:

@@ -220,11 +220,13 @@ def signatures(host: Host, node: str) -> list[dict[str, Any]]:
     return sigs
 
 
-def fs_identity(host: Host, node: str) -> dict[str, str]:
-    """TYPE, UUID, LABEL as blkid reads them from the device itself (no cache). blkid
-    exits 2 for "nothing found" and, silently, for a device it could not open: only a
-    quiet exit 2 on a device we can open reads as blank."""
-    argv = ["blkid", "--probe", "--output", "export", node]
+def fs_identity(host: Host, node: str, *, offset: int = 0) -> dict[str, str]:
+    """TYPE, UUID, LABEL as blkid reads them from the device itself (no cache), or from
+    `offset` bytes in (a filesystem behind hotcache's header). blkid exits 2 for
+    "nothing found" and, silently, for a device it could not open: only a quiet exit 2
+    on a device we can open reads as blank."""
+    at = ["--offset", str(offset)] if offset else []
+    argv = ["blkid", "--probe", *at, "--output", "export", node]
     res = probe.run(host.runner, argv, absent_rc=(2,))
     if res is None:
         if probe.readable(host.path(node)):

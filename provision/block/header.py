@@ -7,6 +7,10 @@ equal-size SSDs that swap slots would each pass for the other. So hotcache keeps
 first 4 KiB of a raw dm-cache SSD for itself: a magic line and a JSON object naming the
 cache and a UUID drawn when it was built. The dm tables map only what follows it.
 Found again, the UUID is the signature that proves the device (block/identity.py).
+
+A raw dm-cache origin gets one too, in front of the filesystem, which starts 1 MiB in:
+the bare origin then shows hotcache's header, never a mountable filesystem with the
+cache's UUID that `mount -a` or a rescue system would mount without the cache.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ SECTORS = SIZE // 512
 TYPE = "hotcache"             # the signature type identity.probe reports for it
 
 
-def render(cache: str, backend: str, uuid: str) -> bytes:
-    body = json.dumps({"format": 1, "cache": cache, "backend": backend, "uuid": uuid},
-                      sort_keys=True).encode() + b"\n"
+def render(cache: str, backend: str, uuid: str, **more: str | int) -> bytes:
+    """The header's bytes; `more`: fields besides the cache, backend and UUID (a raw
+    dm-cache origin's says where its filesystem starts, for whoever reads it by hand)."""
+    body = json.dumps({"format": 1, "cache": cache, "backend": backend, "uuid": uuid,
+                       **more}, sort_keys=True).encode() + b"\n"
     return (MAGIC + body).ljust(SIZE, b"\0")
 
 

@@ -6,11 +6,11 @@ tend/failover.py; the mapping records `on_origin`).
   only then), and without a read of the failed SSD.
 - What a boot does with it: the restore unit runs `hotcache restore NAME`, which for such
   a cache never loads a table on the failed SSD. It takes the failed cache apart while
-  nothing is mounted from it (the backend's `drop_failed_cache`: nothing for raw
-  dm-cache, whose tables a boot dropped; for lvmcache lvm2 takes the cache volume off
-  the inactive LV, which puts LVM's metadata right) and mounts the filesystem from the
-  origin alone. While the filesystem is still mounted from the switched device, restore
-  leaves it as it is.
+  nothing is mounted from it (the backend's `drop_failed_cache`: for raw dm-cache, whose
+  tables a boot dropped, the origin mapped as the switch left it, the filesystem past
+  hotcache's header; for lvmcache lvm2 takes the cache volume off the inactive LV, which
+  puts LVM's metadata right) and mounts the filesystem from the origin alone. While the
+  filesystem is still mounted from the switched device, restore leaves it as it is.
 """
 
 from __future__ import annotations

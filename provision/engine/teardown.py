@@ -20,8 +20,7 @@ from hotcache.provision import mapping
 from hotcache.provision.backends import BACKENDS, block_cache
 from hotcache.provision.backends.base import Backend
 from hotcache.provision.backends.parts import recorded
-from hotcache.provision.block import blockdev
-from hotcache.provision.block import busy
+from hotcache.provision.block import blockdev, busy, header
 from hotcache.provision.system import fstab
 from hotcache.provision.backends import get as get_backend
 from hotcache.provision.engine import failoverunit, images, onorigin, reattach
@@ -174,6 +173,15 @@ def _release_device(p: Planner, plan: Plan, backend: Backend, entry: CacheEntry,
         p.command(f"erase signatures on the {role} device {node} (--wipe; found by its "
                   "identity)",
                   ["wipefs", "--all", node], destructive=True)
+        claim = backend.wipe_header(entry, role)
+        if claim:
+            host, at = p.env.host, node
+
+            def erase(ctx: RunContext) -> None:
+                if not ctx.runner.dry_run:
+                    header.erase(host, at, claim)
+            p.do(f"erase hotcache's header (this cache's UUID) from the {role} device "
+                 f"{node} (--wipe)", erase)
     if node is not None and image:
         p.command(f"detach loop device {node} (image {image})", ["losetup", "--detach", node])
     fate = _image_fate(image, remove_images=remove_images,

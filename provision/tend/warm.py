@@ -432,10 +432,7 @@ def origin_reads(path: Path, runner: Runner) -> Callable[[], int | None] | None:
     try:
         top = Path(f"/sys/dev/block/{majmin}").resolve(strict=True)
         if (top / "dm").is_dir():     # dm-cache, lvmcache: the cache target's origin
-            res = runner.run(["dmsetup", "table", "-j", str(os.major(dev)),
-                              "-m", str(os.minor(dev))])
-            origin = parse_table(res.stdout.strip()).origin
-            found = Path(f"/sys/dev/block/{origin}").resolve(strict=True)
+            found = _cache_origin(majmin, runner)
         else:   # bcache: the backing device (of its two slaves, the one holding bcache/)
             found = (top / "bcache").resolve(strict=True).parent
     except (OSError, ValueError, HotcacheError):
@@ -448,6 +445,21 @@ def origin_reads(path: Path, runner: Runner) -> Callable[[], int | None] | None:
         except (OSError, ValueError, IndexError):
             return None
     return read
+
+
+def _cache_origin(majmin: str, runner: Runner) -> Path:
+    """The origin device under dm device `majmin`: its cache target's origin, through
+    the linear top device raw dm-cache puts over the cache (the filesystem past
+    hotcache's header on the origin). ValueError when there is no cache target."""
+    for _ in range(2):
+        major, minor = majmin.split(":")
+        table = runner.run(["dmsetup", "table", "-j", major, "-m", minor]).stdout.strip()
+        fields = table.split()
+        if len(fields) == 5 and fields[2] == "linear" and ":" in fields[3]:
+            majmin = fields[3]          # the top device: the cache device is under it
+            continue
+        return Path(f"/sys/dev/block/{parse_table(table).origin}").resolve(strict=True)
+    raise ValueError(f"no dm-cache table under {majmin}")
 
 
 @dataclass

@@ -27,6 +27,7 @@ class Disk:
     serial: str | None
     mib: int
     sig: dict = field(default_factory=dict)        # blkid TYPE/UUID
+    inner: dict = field(default_factory=dict)      # bytes in -> blkid TYPE/UUID there
     partn: int | None = None
 
 
@@ -47,7 +48,9 @@ class FakeRunner(Runner):
             disk = h.disks.get(h.kname(argv[-1]))
             if disk is None:
                 return Result(argv, 2, "", "")
-            out = "".join(f"{k}={v}\n" for k, v in disk.sig.items())
+            sig = disk.inner.get(int(argv[argv.index("--offset") + 1]), {}) \
+                if "--offset" in argv else disk.sig
+            out = "".join(f"{k}={v}\n" for k, v in sig.items())
             return Result(argv, 0, f"DEVNAME={argv[-1]}\n{out}" if out else "", "")
         if prog == "wipefs":
             disk = h.disks[h.kname(argv[-1])]

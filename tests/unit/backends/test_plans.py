@@ -267,9 +267,15 @@ def dm_built(fake, *, loaded=True, tables=("meta", "data", "cache")):
 
 def test_dmcache_blank_disks(fake):
     """hotcache's header takes the SSD's first 4 KiB (8 sectors); the maps follow it.
-    (A cache recorded without one, DM_STATE, keeps its maps at 0.)"""
+    Another takes the origin's first MiB: the cache device covers the whole origin, the
+    top device maps the filesystem from 1 MiB in (test_dmcache_layout.py). A cache
+    recorded without headers, DM_STATE, keeps its maps at 0 and its cache table as the
+    top device."""
     assert plan(fake, "dm-cache") == [
         BUILDING,
+        "write hotcache's header (cache c1, a new UUID) in the first 1 MiB of the origin, "
+        "before the filesystem: the bare origin never shows a filesystem to mount without "
+        "the cache, and the UUID proves which cache the origin is",
         ["wipefs", "--all", "/dev/vdc"],
         "write hotcache's header (cache c1, a new UUID) in the first 4 KiB of the SSD: it "
         "proves which cache the SSD is, where serials can follow the slot",
@@ -277,7 +283,9 @@ def test_dmcache_blank_disks(fake):
         ["dmsetup", "create", "hc-c1-data", "--table", "0 515968 linear /dev/vdc 8200"],
         ["dd", "if=/dev/zero", "of=/dev/mapper/hc-c1-meta", "bs=4096", "count=1",
          "oflag=direct"],
-        ["dmsetup", "create", "hc-c1", "--table", DM_TABLE.format(mode="writethrough")],
+        ["dmsetup", "create", "hc-c1-cache", "--table", DM_TABLE.format(mode="writethrough")],
+        ["dmsetup", "create", "hc-c1", "--table",
+         "0 2095104 linear /dev/mapper/hc-c1-cache 2048"],
         "record the dm-cache geometry and table names in the mapping",
         *first_build_tail(fake, "/dev/mapper/hc-c1", fails_over=True),
     ]

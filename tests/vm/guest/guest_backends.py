@@ -289,6 +289,8 @@ def test_teardown_writeback_loses_nothing(backend):
         # the teardown, which then really has dirty blocks to flush.
         kname = os.path.basename(os.path.realpath(status(backend)["cached_device"]))
         dm = Path(f"/sys/class/block/{kname}/dm/name").read_text().strip()
+        if backend == "dm-cache":   # the cached device maps the filesystem on the cache
+            dm = f"{dm}-cache"
         sh("dmsetup", "message", dm, "0", "migration_threshold", "64")
     # Overwrite in place (same disk blocks) files the cache already holds: writeback hits
     # stay dirty on the SSD. Add new files too; checksum everything the filesystem holds.
@@ -326,7 +328,19 @@ def checksums_on_bare_origin(backend: str) -> dict[str, str]:
                   origin).stdout.strip()
         device = loop
     elif backend == "dm-cache":
-        device = origin
+        # The bare origin shows hotcache's header, never the filesystem (no stale mount
+        # by `mount -a` or a rescue system); the header says where the filesystem starts.
+        probe = sh("blkid", "--probe", "--output", "export", origin, check=False).stdout
+        assert "TYPE=xfs" not in probe, probe
+        assert sh("mount", "-o", "ro", origin, mp, check=False).returncode != 0
+        with open(origin, "rb") as f:
+            head = f.read(4096)
+        assert head.startswith(b"HOTCACHE-HEADER\n"), head[:64]
+        fields = json.loads(head.split(b"\n")[1])
+        assert fields["role"] == "origin", fields
+        loop = sh("losetup", "--find", "--show", "--read-only", "--offset",
+                  fields["filesystem_offset_bytes"], origin).stdout.strip()
+        device = loop
     else:
         device = "/dev/hc_lvmcache/data"
     sh("mount", "-o", "ro", device, mp)

@@ -260,7 +260,7 @@ def slots(order: dict[str, int]) -> None:
 
 def remove_tables(name: str) -> None:
     """What a reboot does to a raw dm-cache: its tables are gone."""
-    for part in ("", "-data", "-meta"):
+    for part in ("", "-cache", "-data", "-meta"):      # the top device first
         sh("dmsetup", "remove", "--retry", f"hc-{name}{part}")
 
 
@@ -354,8 +354,15 @@ def test_a_cache_on_its_origin_is_mounted_from_the_origin_after_the_reboot():
     assert res.code == 0, res.out
     hdd = os.path.realpath("/dev/disk/by-id/virtio-hdd-part6")
     mounted = {line.split()[1]: line.split()[0] for line in open("/proc/mounts")}
-    assert os.path.realpath(mounted[str(MOUNTS / name)]) == hdd, mounted
-    assert subprocess.run(["dmsetup", "table", f"hc-{name}"], capture_output=True).returncode != 0
+    # the filesystem starts past hotcache's header: the top device maps it, on a linear
+    # mapping of the whole origin (no table on the failed SSD)
+    assert os.path.realpath(mounted[str(MOUNTS / name)]) == \
+        os.path.realpath(f"/dev/mapper/hc-{name}"), mounted
+    hdd_num = open(f"/sys/class/block/{os.path.basename(hdd)}/dev").read().strip()
+    assert sh("dmsetup", "table", f"hc-{name}-cache").stdout.split()[2:4] == \
+        ["linear", hdd_num]
+    assert sh("blkid", "--probe", "--output", "export", hdd, check=False).stdout.find(
+        "TYPE=xfs") < 0, "the bare origin shows the filesystem"
     drop_caches()
     assert checksums(MOUNTS / name / "data", "f") == sums
     row = status(name)
@@ -378,7 +385,7 @@ def test_a_cache_on_its_origin_is_mounted_from_the_origin_after_the_reboot():
     assert "warm-up starts over" in res.out, res.out
     entry = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name]
     assert entry["filesystem"]["uuid"] == fs_uuid and "on_origin" not in entry
-    assert sh("dmsetup", "table", f"hc-{name}").stdout.split()[2] == "cache"
+    assert sh("dmsetup", "table", f"hc-{name}-cache").stdout.split()[2] == "cache"
     drop_caches()
     assert checksums(MOUNTS / name / "data", "f") == sums
 
