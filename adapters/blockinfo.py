@@ -127,6 +127,12 @@ def classify(devnum: str) -> tuple[str | None, str, str | None, bool | None]:
         if len(slaves) == 3:
             # A dm-cache table always has three devices: metadata, cache, origin.
             return name, "dm-cache", f"dm {dm_name}: {', '.join(slave_names)}", rotational
+        under = (real / "slaves" / slaves[0]).resolve() if len(slaves) == 1 else None
+        if under is not None and (under / "dm").is_dir() and (under / "slaves").is_dir() \
+                and len(list((under / "slaves").iterdir())) == 3:
+            # hotcache's raw dm-cache: the top device, a linear mapping of the cache
+            # device past hotcache's header on the origin
+            return name, "dm-cache", f"dm {dm_name} on {slave_names[0]}", rotational
         return name, "none", f"dm {dm_name}", rotational
     backing = _read(real / "loop" / "backing_file")
     return name, "none", (f"loop on {backing}" if backing else None), rotational

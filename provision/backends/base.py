@@ -149,10 +149,17 @@ class Backend:
         None: --wipe erases them."""
         return None
 
-    def wipe_header(self, entry: "CacheEntry", role: str) -> str | None:
-        """The UUID of hotcache's own header (block/header.py) on the `role` device, which
-        `teardown --wipe` erases besides the signatures wipefs knows; None: none there."""
+    def wipe_header(self, entry: "CacheEntry", role: str) -> tuple[str, int] | None:
+        """hotcache's own header (block/header.py) on the `role` device, which `teardown
+        --wipe` erases besides the signatures wipefs knows: its UUID and how many bytes
+        from the device's start to zero; None: none there."""
         return None
+
+    def hidden_signatures(self, dev: "Device") -> list[dict[str, Any]]:
+        """Signatures on a device that a new build would format over where blkid does
+        not look at its start (a filesystem behind where hotcache's header goes), to be
+        refused like the ones it finds there unless the spec says `wipe: true`."""
+        return []
 
     @classmethod
     def forget_loses(cls, entry: "CacheEntry") -> list[str]:

@@ -320,6 +320,11 @@ class DmCache(Backend):
                       f"{offset // MIB} MiB in, past hotcache's header on the origin, where "
                       "the filesystem is", ["dmsetup", "create", names["top"], "--table",
                       top_table(origin.size // 512, f"/dev/mapper/{names['cache']}", offset)])
+            if fresh and not self.keeps_filesystem(entry, devs):
+                # what an earlier filesystem left there (the spec's `wipe: true` covered
+                # it: preflight finds it), so that the format starts clean
+                p.command(f"erase old signatures on {top} (the origin from {offset // MIB} "
+                          "MiB in)", ["wipefs", "--all", top], destructive=True)
         if not recorded_now and (st.data_sectors != data or st.names != names
                                  or (st.fs_offset or 0) != offset):
             self._remember_geometry(p, geo, names, want)
@@ -474,8 +479,22 @@ class DmCache(Backend):
                 f"header: `losetup --find --show --offset {offset * 512} {origin}` gives a "
                 "device that mounts it (`teardown --wipe` erases the header)")
 
-    def wipe_header(self, entry: CacheEntry, role: str) -> str | None:
-        return state.of(entry, DmCacheState).origin_header_uuid if role == "origin" else None
+    def wipe_header(self, entry: CacheEntry, role: str) -> tuple[str, int] | None:
+        st = state.of(entry, DmCacheState)
+        if role != "origin" or not st.origin_header_uuid:
+            return None
+        # the header, and the filesystem's superblock behind it (blkid and mkfs look
+        # there once a new top device maps it)
+        return st.origin_header_uuid, ((st.fs_offset or 0) + MIB) * 512
+
+    def hidden_signatures(self, dev: Device) -> list[dict[str, Any]]:
+        if dev.role != "origin" or not isinstance(dev.node, str):
+            return []
+        found = blockdev.fs_identity(self.host, dev.node, offset=FS_OFFSET * 512)
+        if not found.get("TYPE"):
+            return []
+        return [{"type": f"{found['TYPE']} {FS_OFFSET // MIB} MiB in, where the filesystem "
+                         "goes behind hotcache's header"}]
 
 
 def _resume_or_back(ctx: RunContext, name: str) -> None:

@@ -64,15 +64,16 @@ def write(node: str, data: bytes) -> None:
         os.close(fd)
 
 
-def erase(host: Host, node: str, uuid: str) -> bool:
-    """Zero the header at the start of `node` if it is the one with `uuid` (the cache
-    being taken down); any other header, or none, is left as it is. True when erased."""
+def erase(host: Host, node: str, uuid: str, length: int = SIZE) -> bool:
+    """Zero the header at the start of `node` (and up to `length` bytes, what follows
+    it too) if it is the one with `uuid` (the cache being taken down); any other
+    header, or none, is left as it is. True when erased."""
     fd = os.open(host.path(node), os.O_RDWR | os.O_SYNC | os.O_CLOEXEC)
     try:
         found = parse(os.pread(fd, SIZE, 0))
         if not found or found["uuid"] != uuid:
             return False
-        os.pwrite(fd, bytes(SIZE), 0)
+        os.pwrite(fd, bytes(max(length, SIZE)), 0)
         os.fsync(fd)
         return True
     finally:

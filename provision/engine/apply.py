@@ -331,7 +331,8 @@ def preflight(p: Planner, backend: Backend, spec: CacheSpec, entry: CacheEntry |
                          "wipe: true")
                 return
         sigs = [*sigs, *_header_signature(p.env.host, node,
-                                          backend.signature(entry, dev.role) if entry else None)]
+                                          backend.signature(entry, dev.role) if entry else None),
+                *backend.hidden_signatures(dev)]
     else:
         sigs = dev.image_signatures
     # An existing image file with data in it is someone's, unless the mapping says

@@ -175,11 +175,11 @@ def _release_device(p: Planner, plan: Plan, backend: Backend, entry: CacheEntry,
                   ["wipefs", "--all", node], destructive=True)
         claim = backend.wipe_header(entry, role)
         if claim:
-            host, at = p.env.host, node
+            host, at, (uuid, length) = p.env.host, node, claim
 
             def erase(ctx: RunContext) -> None:
                 if not ctx.runner.dry_run:
-                    header.erase(host, at, claim)
+                    header.erase(host, at, uuid, length)
             p.do(f"erase hotcache's header (this cache's UUID) from the {role} device "
                  f"{node} (--wipe)", erase)
     if node is not None and image:

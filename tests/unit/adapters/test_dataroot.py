@@ -163,10 +163,17 @@ def test_cache_kind_from_sysfs_layout(tmp_path, monkeypatch):
     _fake_dm(sysroot, "dm-0", "253:0", "vg-data", "LVM-abcdef", ["dm-1", "dm-2", "dm-3"])
     _fake_dm(sysroot, "dm-4", "253:4", "hot", "", ["vda", "vdb", "vdc"])
     _fake_dm(sysroot, "dm-5", "253:5", "vg-plain", "LVM-xyz", ["vdb"])
+    # hotcache's raw dm-cache: the top device hc-hot maps the cache device hc-hot-cache
+    (sysroot / "class" / "block" / "dm-4").symlink_to(sysroot / "devices" / "virtual" /
+                                                      "block" / "dm-4")
+    _fake_dm(sysroot, "dm-6", "253:6", "hc-hot", "", ["dm-4"])
+    _fake_dm(sysroot, "dm-7", "253:7", "plain-linear", "", ["dm-5"])
     assert blockinfo.classify("252:0")[1] == "bcache"
     assert blockinfo.classify("253:0")[1] == "lvmcache"
     assert blockinfo.classify("253:4")[1] == "dm-cache"
     assert blockinfo.classify("253:5")[1] == "none"
+    assert blockinfo.classify("253:6")[1:3] == ("dm-cache", "dm hc-hot on hot")
+    assert blockinfo.classify("253:7")[1] == "none"     # a linear on a plain dm device
     assert blockinfo.classify("0:45")[1] == "none"       # tmpfs, overlay: no block device
     # a block device sysfs no longer lists was removed on the host: no verdict, and why
     assert blockinfo.classify("9:9")[1:3] == ("unknown", "block device 9:9 is gone from /sys")

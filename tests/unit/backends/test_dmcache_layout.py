@@ -142,13 +142,37 @@ def test_teardown_removes_the_top_device_first_and_says_where_the_filesystem_is(
     assert not any("(--wipe)" in s.summary for s in plan.steps)
 
 
-def test_teardown_wipe_erases_the_origin_header(fake):
+def test_teardown_wipe_erases_the_origin_header_and_the_superblock_behind_it(fake):
     layered(fake)
+    body = fake.path("/dev/vdb").read_bytes()[:header.SIZE].ljust(2**20, b"\0")
+    fake.path("/dev/vdb").write_bytes(body + b"XFSB" * 2**18 + b"data" * 2**18)
     plan = plan_teardown("c1", fake.env_, wipe=True)
     step = next(s for s in plan.steps if s.summary.startswith(
         "erase hotcache's header (this cache's UUID) from the origin device /dev/vdb"))
     step.action(RunContext(Runner(dry_run=False)))
     assert header.read(fake, "/dev/vdb") is None
+    data = fake.path("/dev/vdb").read_bytes()
+    assert data[:2**21] == bytes(2**21) and data[2**21:] == b"data" * 2**18
+
+
+def test_a_filesystem_behind_where_the_header_goes_needs_wipe(fake):
+    """An origin that shows nothing at its start but a filesystem 1 MiB in (an earlier
+    cache's, its header erased): refused without `wipe: true`, nothing run; with it, the
+    new top device is wiped before the format (mkfs.xfs would refuse otherwise)."""
+    from hotcache.provision.engine.spec import HostSpec
+    from tests.unit.backends.test_plans import spec
+
+    fake.disks["vdb"].inner = {2**20: {"TYPE": "xfs", "UUID": FS}}
+    body = spec("dm-cache").model_dump(mode="json", exclude_none=True)
+    body["caches"][0]["origin"] = {"path": "/dev/vdb"}
+    with pytest.raises(RefusedError) as err:
+        plan_apply(HostSpec.model_validate(body), fake.env_)
+    assert "c1.origin (/dev/vdb): it carries signatures (xfs 1 MiB in" in str(err.value)
+    assert fake.runner.recorded == [] and not fake.env_.state.exists()
+    got = plan(fake, "dm-cache")
+    wipe, mkfs = (got.index(["wipefs", "--all", "/dev/mapper/hc-c1"]),
+                  next(i for i, s in enumerate(got) if isinstance(s, list) and s[0] == "mkfs.xfs"))
+    assert got.index(TOP) < wipe < mkfs
 
 
 def test_cache_failed_maps_the_origin_past_its_header(fake):

@@ -286,6 +286,7 @@ def test_dmcache_blank_disks(fake):
         ["dmsetup", "create", "hc-c1-cache", "--table", DM_TABLE.format(mode="writethrough")],
         ["dmsetup", "create", "hc-c1", "--table",
          "0 2095104 linear /dev/mapper/hc-c1-cache 2048"],
+        ["wipefs", "--all", "/dev/mapper/hc-c1"],
         "record the dm-cache geometry and table names in the mapping",
         *first_build_tail(fake, "/dev/mapper/hc-c1", fails_over=True),
     ]

@@ -11,7 +11,7 @@ import pytest
 from vmlib import PERSIST, checksums, hotcache, name_of, sh, status
 
 from cases import BACKENDS
-from guest_backends import REBOOT_TUNABLES, data_dir
+from guest_backends import REBOOT_TUNABLES, data_dir, live_tunables
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -47,9 +47,7 @@ def test_restore_after_reboot(backend):
         cset = sb.set_dir(sb.attached_set(host, node))
         assert host.read(f"{cset}/congested_read_threshold_us") == "0"
     else:
-        import os
-        rdev = os.stat(st["cached_device"]).st_rdev
-        table = sh("dmsetup", "table", "-j", os.major(rdev), "-m", os.minor(rdev)).stdout
+        table = live_tunables(backend)
         assert f"migration_threshold {tunables['migration_threshold']}" in table, table
 
 

@@ -16,8 +16,8 @@ import zlib
 
 import pytest
 import yaml
-from vmlib import (MOUNTS, PERSIST, checksums, drop_caches, hotcache, poll, sh, status,
-                   write_files)
+from vmlib import (MOUNTS, PERSIST, behind_header, checksums, drop_caches, hotcache, poll,
+                   sh, status, write_files)
 
 from cases import SSD2_PARTS_MIB
 
@@ -250,6 +250,8 @@ def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch
     mp = MOUNTS / f"bare-{name}"
     mp.mkdir(exist_ok=True)
     device, loop = f"/dev/mapper/{dm}", None
+    if backend == "dm-cache":   # the filesystem starts after hotcache's header
+        loop = device = behind_header(device)
     if backend == "bcache":     # the filesystem starts after the bcache superblock
         show = sh("bcache-super-show", device).stdout
         first = int(next(line.split()[1] for line in show.splitlines()

@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 from guest_safety import (BYSTANDER, CACHE_BY_ID, CACHES, device_sum, dirty,
                           fails_over_under_the_mounted_filesystem)
-from vmlib import (MOUNTS, PERSIST, checksums, drop_caches, hotcache, poll, sh, status,
-                   write_files)
+from vmlib import (MOUNTS, PERSIST, behind_header, checksums, drop_caches, hotcache, poll,
+                   sh, status, write_files)
 
 
 def bystander_unchanged() -> bool:
@@ -78,11 +78,14 @@ def test_teardown_after_restore_puts_every_file_on_the_origin():
         assert res.code == 0, res.out
         mp = Path(f"/tmp/hcvm-bare-{name}")
         mp.mkdir(exist_ok=True)
-        sh("mount", "-o", "ro", f"/dev/disk/by-id/{CACHES[name][4]}", mp)
+        loop = behind_header(f"/dev/disk/by-id/{CACHES[name][4]}")
+        assert loop, "no hotcache header on the origin"
+        sh("mount", "-o", "ro", loop, mp)
         try:
             assert checksums(mp / "data", "s") == want
         finally:
             sh("umount", mp)
+            sh("losetup", "--detach", loop)
     assert bystander_unchanged()
 
 

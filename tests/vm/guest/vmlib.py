@@ -122,3 +122,17 @@ def poll(what: str, fn, timeout: float = 30.0, interval: float = 1.0):
         if time.monotonic() > end:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
+
+
+def behind_header(origin) -> str | None:
+    """A read-only loop device of the filesystem behind hotcache's header on a raw
+    dm-cache origin (the header says where it starts, as an administrator reads it),
+    None when the origin starts with no header (detach it with `losetup --detach`)."""
+    with open(origin, "rb") as f:
+        head = f.read(4096)
+    if not head.startswith(b"HOTCACHE-HEADER\n"):
+        return None
+    fields = json.loads(head.split(b"\n")[1])
+    assert fields["role"] == "origin", fields
+    return sh("losetup", "--find", "--show", "--read-only", "--offset",
+              fields["filesystem_offset_bytes"], origin).stdout.strip()
