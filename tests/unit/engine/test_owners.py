@@ -103,3 +103,25 @@ def test_a_recorded_cache_whose_kernel_names_moved_claims_its_devices_by_identit
         "name": "d", "backend": "none", "origin": {"loop": {"file": str(files["a-ssd"]), "size": "1G"}},
         "filesystem": {"mountpoint": "/mnt/d"}}]})
     assert any("records for cache a" in p for p in owners.conflicts(new, state))
+
+
+def _dm_spec(tmp_path, *names: str) -> HostSpec:
+    return HostSpec.model_validate({"caches": [{
+        "name": n, "backend": "dm-cache",
+        "origin": {"loop": {"file": str(tmp_path / f"{n}-hdd.img"), "size": "1G"}},
+        "cache": {"loop": {"file": str(tmp_path / f"{n}-ssd.img"), "size": "256M"}},
+        "filesystem": {"mountpoint": f"/mnt/{n}"}} for n in names]})
+
+
+def test_dm_cache_names_that_would_share_a_device_mapper_name_are_refused(tmp_path):
+    """Cache `x-cache` would take hc-x-cache, cache `x`'s cache device (and `x-meta`,
+    `x-data` its maps): refused in one spec, and against a cache the mapping records."""
+    (problem,) = owners.conflicts(_dm_spec(tmp_path, "x", "x-cache"), {})
+    assert "caches x and x-cache would both use the device-mapper name hc-x-cache" in problem
+    state = {"caches": {"x": entry_record("x", backend="dm-cache", backend_state={
+        "names": {"cache": "hc-x", "meta": "hc-x-meta", "data": "hc-x-data"},
+        "data_sectors": 8})}}
+    (problem,) = owners.conflicts(_dm_spec(tmp_path, "x-meta"), state)
+    assert "hc-x-meta" in problem
+    assert owners.conflicts(_dm_spec(tmp_path, "x", "xy"), {}) == []
+    assert owners.conflicts(_dm_spec(tmp_path, "x"), state) == []
