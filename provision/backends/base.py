@@ -149,6 +149,12 @@ class Backend:
         None: --wipe erases them."""
         return None
 
+    @classmethod
+    def device_names(cls, cache: str, entry: "CacheEntry | None") -> set[str]:
+        """The device-mapper names a cache named `cache` uses (its recorded `entry`, or
+        None: not built yet), which no other cache's may share."""
+        return set()
+
     def wipe_header(self, entry: "CacheEntry", role: str) -> tuple[str, int] | None:
         """hotcache's own header (block/header.py) on the `role` device, which `teardown
         --wipe` erases besides the signatures wipefs knows: its UUID and how many bytes

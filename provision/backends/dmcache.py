@@ -479,6 +479,12 @@ class DmCache(Backend):
                 f"header: `losetup --find --show --offset {offset * 512} {origin}` gives a "
                 "device that mounts it (`teardown --wipe` erases the header)")
 
+    @classmethod
+    def device_names(cls, cache: str, entry: CacheEntry | None) -> set[str]:
+        if entry is not None:
+            return set(names_of(entry).values())
+        return {*dm_names(cache).values(), *dm_names(cache, layered=False).values()}
+
     def wipe_header(self, entry: CacheEntry, role: str) -> tuple[str, int] | None:
         st = state.of(entry, DmCacheState)
         if role != "origin" or not st.origin_header_uuid:

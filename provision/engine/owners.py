@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hotcache.provision.backends.dmcache import dm_names, names_of
+from hotcache.provision.backends import BACKENDS
 from hotcache.provision.block import blockdev
 from hotcache.provision.block.host import Host
 from hotcache.provision.engine import reattach
@@ -191,25 +191,27 @@ def conflicts(spec: HostSpec, state: dict[str, Any]) -> list[str]:
 
 
 def dm_name_clashes(spec: HostSpec, state: dict[str, Any]) -> list[str]:
-    """Raw dm-cache names its device-mapper devices after the cache (hc-NAME, and
-    hc-NAME-cache, -meta, -data): cache `x-cache` would take the name of cache `x`'s
-    cache device. Refused between the spec's caches and those the mapping records."""
+    """A backend that names its device-mapper devices after the cache (raw dm-cache:
+    hc-NAME, hc-NAME-cache, -meta, -data) would give cache `x-cache` the name of cache
+    `x`'s cache device. Refused between the spec's caches and those the mapping records."""
     recorded = _recorded(state)
+    backend_of = {**{n: e.backend for n, e in recorded.items()},
+                  **{c.name: c.backend for c in spec.caches}}
 
     def names(name: str) -> set[str]:
         entry = recorded.get(name)
-        if entry is not None and entry.backend == "dm-cache":
-            return set(names_of(entry).values())
-        return {*dm_names(name).values(), *dm_names(name, layered=False).values()}
+        kind = BACKENDS[backend_of[name]]
+        return kind.device_names(name, entry if entry is not None
+                                 and entry.backend == kind.name else None)
 
-    mine = [c.name for c in spec.caches if c.backend == "dm-cache"]
-    theirs = [n for n, e in recorded.items() if e.backend == "dm-cache" and n not in mine]
+    mine = [c.name for c in spec.caches]
+    theirs = [n for n in recorded if n not in mine]
     problems = []
     for i, a in enumerate(mine):
         for b in mine[i + 1:] + theirs:
             both = sorted(names(a) & names(b))
             if both:
                 problems.append(f"caches {a} and {b} would both use the device-mapper name "
-                                f"{both[0]} (raw dm-cache names its devices hc-NAME, "
-                                "hc-NAME-cache, -meta and -data); rename one of them")
+                                f"{both[0]} ({backend_of[a]} names its devices after the "
+                                "cache); rename one of them")
     return problems

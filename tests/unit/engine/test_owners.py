@@ -117,7 +117,8 @@ def test_dm_cache_names_that_would_share_a_device_mapper_name_are_refused(tmp_pa
     """Cache `x-cache` would take hc-x-cache, cache `x`'s cache device (and `x-meta`,
     `x-data` its maps): refused in one spec, and against a cache the mapping records."""
     (problem,) = owners.conflicts(_dm_spec(tmp_path, "x", "x-cache"), {})
-    assert "caches x and x-cache would both use the device-mapper name hc-x-cache" in problem
+    assert "caches x and x-cache would both use the device-mapper name hc-x-cache " \
+        "(dm-cache names its devices after the cache)" in problem
     state = {"caches": {"x": entry_record("x", backend="dm-cache", backend_state={
         "names": {"cache": "hc-x", "meta": "hc-x-meta", "data": "hc-x-data"},
         "data_sectors": 8})}}
