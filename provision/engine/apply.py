@@ -724,7 +724,7 @@ def _plan_persist(p: Planner, spec: CacheSpec, fs_uuid: str, entry: CacheEntry |
     mp = os.path.normpath(spec.filesystem.mountpoint)
     if spec.filesystem.persist == "fstab":
         line = fstab.entry(fs_uuid, mp, FSTYPE, fstab_options(spec))
-    ours = [mp, entry and entry.filesystem.mountpoint]
+    ours = [mp, entry.filesystem.mountpoint if entry is not None else None]
     if fstab.read_entry(path, spec.name, fs_uuid, ours) != line:
         what = f"write the entry `{line}` to {path}" if line else f"remove the entry from {path}"
         p.do(f"{what} (tagged {fstab.marker(spec.name)})",

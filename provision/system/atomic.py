@@ -8,12 +8,13 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hotcache.provision.errors import LockTimeout
 
 
-def write_atomic(path: str | os.PathLike, text: str, mode: int = 0o644) -> None:
+def write_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o644) -> None:
     """Write to a temp file in the same folder, fsync it, rename over `path`, fsync the
     folder: a reader (or a crash) sees the old file or the new one, never half of one."""
     path = Path(path)
@@ -48,8 +49,9 @@ _HELD: dict[tuple[str, int], int] = {}
 
 
 @contextlib.contextmanager
-def locked(path: str | os.PathLike, *, holder: str | None = None,
-           timeout: float | None = None, waiting=None):
+def locked(path: str | os.PathLike[str], *, holder: str | None = None,
+           timeout: float | None = None,
+           waiting: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold an exclusive flock on `path`.lock for the duration (blocks other hotcache runs).
 
     `holder` (e.g. "hotcache apply spec.yaml") is written into the lock file so a second
@@ -87,7 +89,8 @@ def lock_holder(fd: int) -> str:
     return text or "another hotcache run (it has not said which yet)"
 
 
-def _acquire(fd: int, lock: str, timeout: float | None, waiting) -> None:
+def _acquire(fd: int, lock: str, timeout: float | None,
+             waiting: Callable[[str], None] | None) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     told = False
     while True:

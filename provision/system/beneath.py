@@ -25,7 +25,7 @@ import ctypes
 import errno
 import os
 import stat
-from collections.abc import Iterable, Set as AbstractSet
+from collections.abc import Iterable, Iterator, Set as AbstractSet
 from typing import TypeVar
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -53,10 +53,10 @@ class _OpenHow(ctypes.Structure):
                 ("resolve", ctypes.c_uint64)]
 
 
-_HOW: dict[tuple[int, int], object] = {}   # (flags, mode) -> open_how, made once each
+_HOW: dict[tuple[int, int], ctypes._CArgObject] = {}   # (flags, mode) -> open_how, made once each
 
 
-def _how(flags: int, mode: int):
+def _how(flags: int, mode: int) -> ctypes._CArgObject:
     """The open_how for these flags and mode (a copy opens hundreds of thousands of files
     with the same two or three)."""
     how = _HOW.get((flags, mode))
@@ -69,8 +69,8 @@ def _how(flags: int, mode: int):
 
 
 def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int:
-    fd = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(rel), _how(flags, mode),
-                       ctypes.sizeof(_OpenHow))
+    fd: int = _libc.syscall(_SYS_OPENAT2, dirfd, os.fsencode(rel), _how(flags, mode),
+                            ctypes.sizeof(_OpenHow))
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), rel)
@@ -137,7 +137,7 @@ class _Descent:
             os.close(self.fd)
 
 
-def open_root(path: str | os.PathLike) -> int:
+def open_root(path: str | os.PathLike[str]) -> int:
     """A descriptor of the folder the administrator named: the root everything else is
     opened beneath. The path is walked from / one folder descriptor at a time, so a
     folder renamed or swapped while hotcache runs cannot lead it elsewhere. A symlink on
@@ -216,7 +216,7 @@ def makedirs(dirfd: int, rel: str, mode: int = 0o700) -> int:
         return at.fd
 
 
-def walk(dirfd: int, topdown: bool = True):
+def walk(dirfd: int, topdown: bool = True) -> Iterator[tuple[str, list[str], list[str], int]]:
     """os.fwalk beneath `dirfd`: (relative folder, subfolders, files, folder fd), top
     first unless `topdown` is False; each fd is valid only until the next item. fwalk
     checks each subfolder it opens is the one it listed (lstat vs fstat), so a folder
@@ -294,7 +294,7 @@ def read_file(dirfd: int, name: str, limit: int | None = None) -> bytes:
     return _read_open(open_at(dirfd, name, READ_FLAGS), name, limit)
 
 
-def read_regular(path: str | os.PathLike, *, dir_fd: int | None = None,
+def read_regular(path: str | os.PathLike[str], *, dir_fd: int | None = None,
                  limit: int | None = None) -> bytes:
     """`read_file` for a path whose last component only must not be a symlink
     (O_NOFOLLOW): the same refusal of FIFOs, devices and oversized files."""

@@ -12,7 +12,7 @@ _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
 
-def syncfs(path: str | os.PathLike | int) -> None:
+def syncfs(path: str | os.PathLike[str] | int) -> None:
     """Flush the whole filesystem holding `path` (or the open descriptor) to stable
     storage, like `sync` but for one filesystem; since Linux 5.8 it reports write-back
     errors (ENOSPC, EIO)."""
@@ -25,7 +25,7 @@ def syncfs(path: str | os.PathLike | int) -> None:
         os.close(fd)
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -33,7 +33,7 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def exchange(a: str | os.PathLike, b: str | os.PathLike) -> None:
+def exchange(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> None:
     """Atomically swap the names `a` and `b` (both must exist, same filesystem). Raises
     OSError(EINVAL/ENOSYS) where the filesystem or kernel cannot."""
     if _libc.renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b),

@@ -8,6 +8,7 @@ HOTCACHE_FSTAB (or --fstab) when set, so tests and trials never touch /etc/fstab
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 from hotcache.provision.system.atomic import locked, write_atomic
@@ -35,7 +36,7 @@ def _unescape(field: str) -> str:
     return field.replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
 
 
-def is_entry(line: str, fs_uuid: str | None, mountpoints) -> bool:
+def is_entry(line: str, fs_uuid: str | None, mountpoints: Iterable[str | None]) -> bool:
     """True when `line` is the entry hotcache wrote for a cache: it mounts the cache's
     filesystem UUID on one of its mountpoints. A marker alone proves nothing: the line
     after an orphaned marker can be anyone's, even the one that mounts /."""
@@ -45,7 +46,8 @@ def is_entry(line: str, fs_uuid: str | None, mountpoints) -> bool:
             {os.path.normpath(m) for m in mountpoints if m})
 
 
-def read_entry(path: Path, name: str, fs_uuid: str | None, mountpoints) -> str | None:
+def read_entry(path: Path, name: str, fs_uuid: str | None,
+               mountpoints: Iterable[str | None]) -> str | None:
     """The entry of cache `name`: the line after its marker, if marker, UUID and
     mountpoint all match."""
     try:
@@ -67,7 +69,7 @@ def has_marker(path: Path, name: str) -> bool:
 
 
 def set_entry(path: Path, name: str, line: str | None, fs_uuid: str | None,
-              mountpoints) -> None:
+              mountpoints: Iterable[str | None]) -> None:
     """Replace (or with None remove) the entry of cache `name`; keep every other line.
     Every marker of `name` goes; the line after one goes only when it is the cache's own
     entry (is_entry), so an orphaned marker never takes a stranger's line with it."""

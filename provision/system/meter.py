@@ -11,7 +11,8 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TextIO
 
 from hotcache.provision.system.sizes import size
 
@@ -88,7 +89,8 @@ class PlainMeter(NullMeter):
     command, not a quiet one), and notes; all on stderr, each line whole:
     `copy: 1200/5000 files, 1.2 GiB/4.0 GiB (30%), 85.3 MiB/s, ETA 0:00:45`."""
 
-    def __init__(self, interval: float | None = None, out=None, clock=time.monotonic):
+    def __init__(self, interval: float | None = None, out: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.interval = interval if interval is not None else progress_interval()
         self.out, self.clock = out or sys.stderr, clock
         self.lock = threading.Lock()

@@ -15,6 +15,7 @@ import os
 import pwd
 import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 from hotcache.provision.errors import RefusedError, UsageError
@@ -50,7 +51,7 @@ def _who(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _components(path: Path):
+def _components(path: Path) -> Iterator[Path]:
     cur = Path("/")
     yield cur
     for part in path.parts[1:]:
@@ -58,7 +59,7 @@ def _components(path: Path):
         yield cur
 
 
-def not_root_only(path: str | os.PathLike) -> list[str]:
+def not_root_only(path: str | os.PathLike[str]) -> list[str]:
     """Why `path` is not safe to run as root: each component (of the path as written
     and of where its symlinks lead) owned by someone else or writable by group/others."""
     problems = []
@@ -96,7 +97,7 @@ def interpreter(program: Path) -> str | None:
     return os.fsdecode(words[0]) if words else None
 
 
-def trusted_program(program: str | os.PathLike, code: str | os.PathLike) -> str:
+def trusted_program(program: str | os.PathLike[str], code: str | os.PathLike[str]) -> str:
     """`program` when it, its interpreter and `code` (the folder holding hotcache's
     modules) can be changed by root alone; else RefusedError naming each problem and the
     fix."""

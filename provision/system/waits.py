@@ -35,8 +35,10 @@ STALL = 60.0    # seconds without progress before a flush says what holds it
 
 def wait_drained(what: str, remaining: Callable[[], "tuple[int, str]"], *, timeout: float,
                  diagnose: Callable[[], str], hint: str, interval: float = 1.0,
-                 every: float = 5.0, stall: float = STALL, clock=time.monotonic,
-                 sleep=time.sleep, say=None) -> None:
+                 every: float = 5.0, stall: float = STALL,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep,
+                 say: Callable[[str], object] | None = None) -> None:
     """Poll `remaining()` -> (count left, progress text) until the count is 0.
 
     Progress is printed every `every` seconds. When the count has not fallen for `stall`
