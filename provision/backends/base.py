@@ -161,10 +161,12 @@ class Backend:
         from the device's start to zero; None: none there."""
         return None
 
-    def hidden_signatures(self, dev: "Device") -> list[dict[str, Any]]:
-        """Signatures on a device that a new build would format over where blkid does
-        not look at its start (a filesystem behind where hotcache's header goes), to be
-        refused like the ones it finds there unless the spec says `wipe: true`."""
+    def hidden_signatures(self, entry: "CacheEntry | None", dev: "Device",
+                          at: str) -> list[dict[str, Any]]:
+        """Signatures on `dev` (read at `at`: its node, or its image file) that a build
+        would format over where blkid does not look at its start (a filesystem behind
+        where hotcache's header goes), to be refused like the ones it finds there unless
+        the spec says `wipe: true`."""
         return []
 
     @classmethod

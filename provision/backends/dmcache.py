@@ -53,10 +53,11 @@ def dm_names(cache: str, *, layered: bool = True) -> dict[str, str]:
 
 
 def names_of(entry: CacheEntry) -> dict[str, str]:
-    """The recorded names, else those a cache of this name gets (never built yet)."""
+    """The recorded names, else the layout's: a build records the origin header's
+    offset before it creates any device, so a cache without one has the layout from
+    before the header (an older version's record of an origin waiting for a new SSD)."""
     st = state.of(entry, DmCacheState)
-    return st.names or dm_names(entry.spec.get("name", ""), layered=bool(st.fs_offset)
-                                or not st.data_sectors)
+    return st.names or dm_names(entry.spec.get("name", ""), layered=bool(st.fs_offset))
 
 
 def top_table(origin_sectors: int, cache_dev: str, offset: int) -> str:
@@ -260,6 +261,13 @@ class DmCache(Backend):
                      "--cache-failed` takes the failed cache apart (it unmounts the "
                      "filesystem); then name a new SSD in the spec and apply")
             return top
+        top_now = live_table(names["top"], runner) if "top" in names else None
+        if top_now is not None and not self._top_over_cache(top_now, names, origin, offset):
+            p.refuse(f"{spec.name}: {names['top']} holds `{top_now}`, not the mapping hotcache "
+                     f"loads (the filesystem {offset // MIB} MiB into {names['cache']}); "
+                     f"nothing was changed. If it maps the origin by hand, unmount it and "
+                     f"`dmsetup remove {names['top']}`, then apply again")
+            return top
         recorded_now = False
         if fresh and offset and not st.origin_header_uuid:
             self._write_header(p, spec.name, origin.node, role="origin", offset=offset)
@@ -315,7 +323,7 @@ class DmCache(Backend):
                       ["dmsetup", "reload", names["cache"], "--table", new.render()])
                 p.command("switch to the new table in place (no rebuild)",
                       ["dmsetup", "resume", names["cache"]])
-        if "top" in names and live_table(names["top"], runner) is None:
+        if "top" in names and top_now is None:
             p.command(f"create the top device {names['top']}: the cache device from "
                       f"{offset // MIB} MiB in, past hotcache's header on the origin, where "
                       "the filesystem is", ["dmsetup", "create", names["top"], "--table",
@@ -336,6 +344,17 @@ class DmCache(Backend):
         state.remember(p, "record the dm-cache geometry and table names in the mapping",
                        lambda ctx: {**geo, "names": names,
                                     "table": want.render().replace("ORIGIN", "<origin>")})
+
+    def _top_over_cache(self, table: str, names: dict[str, str], origin: Device,
+                        offset: int) -> bool:
+        """Whether the loaded top-device `table` is the one hotcache loads: its cache
+        device from `offset` on, to the origin's end."""
+        f = table.split()
+        cache = f"/dev/mapper/{names['cache']}"
+        if len(f) != 5 or f[2] != "linear" or f[4] != str(offset) \
+                or f[1] != str(origin.size // 512 - offset) or not self.host.exists(cache):
+            return False
+        return f[3] in (self.host.devnum(cache), cache)
 
     def _on_origin(self, table: str, origin: Device) -> bool:
         """Whether the loaded `table` is the whole origin mapped linearly, as the fail-over
@@ -367,7 +386,8 @@ class DmCache(Backend):
             state.remember(p, f"write hotcache's header (cache {cache}, a new UUID) in the "
                            f"first {offset // MIB} MiB of the origin, before the filesystem: "
                            "the bare origin never shows a filesystem to mount without the "
-                           "cache, and the UUID proves which cache the origin is", write)
+                           "cache, and the UUID proves which cache the origin is", write,
+                           destructive_on=(node,))
             return
         state.remember(p, f"write hotcache's header (cache {cache}, a new UUID) in the first "
                        f"{header.SIZE // 1024} KiB of the SSD: it proves which cache the SSD "
@@ -401,6 +421,8 @@ class DmCache(Backend):
         # (the cache device a linear mapping of the whole origin, the top device on it),
         # so a new SSD is attached under it as under a switched cache.
         sectors = self._sectors(origin)
+        info = entry.devices.get("origin")
+        shown = next(iter(info.by_id or []), origin) if info is not None else origin
         p.command(f"map the whole origin {origin} as {names['cache']}, without the failed "
                   "cache", ["dmsetup", "create", names["cache"], "--table",
                             f"0 {sectors} linear {origin} 0"])
@@ -410,8 +432,10 @@ class DmCache(Backend):
         p.plan.notes.append(
             f"{p.cache}: its filesystem starts {offset // MIB} MiB into the origin {origin}, "
             f"after hotcache's header; /dev/mapper/{names['top']} maps it until the next "
-            f"boot. After a boot, `dmsetup create {names['top']} --table '0 "
-            f"{sectors - offset} linear {origin} {offset}'` maps it again")
+            f"boot. After a boot, `dmsetup create {names['cache']} --table '0 {sectors} "
+            f"linear {shown} 0'` and then `dmsetup create {names['top']} --table '0 "
+            f"{sectors - offset} linear /dev/mapper/{names['cache']} {offset}'` map it "
+            "again, as `hotcache apply` with a new SSD finds it")
         return f"/dev/mapper/{names['top']}"
 
     def surviving_state(self, entry: CacheEntry) -> dict[str, Any]:
@@ -481,7 +505,7 @@ class DmCache(Backend):
 
     @classmethod
     def device_names(cls, cache: str, entry: CacheEntry | None) -> set[str]:
-        if entry is not None:
+        if entry is not None and state.of(entry, DmCacheState).names:
             return set(names_of(entry).values())
         return {*dm_names(cache).values(), *dm_names(cache, layered=False).values()}
 
@@ -493,10 +517,13 @@ class DmCache(Backend):
         # there once a new top device maps it)
         return st.origin_header_uuid, ((st.fs_offset or 0) + MIB) * 512
 
-    def hidden_signatures(self, dev: Device) -> list[dict[str, Any]]:
-        if dev.role != "origin" or not isinstance(dev.node, str):
+    def hidden_signatures(self, entry: CacheEntry | None, dev: Device,
+                          at: str) -> list[dict[str, Any]]:
+        # Only where the filesystem will go behind the header: a cache built before it
+        # keeps its filesystem at the origin's start, whose data is no signature.
+        if dev.role != "origin" or not self.fs_offset(entry, dev):
             return []
-        found = blockdev.fs_identity(self.host, dev.node, offset=FS_OFFSET * 512)
+        found = blockdev.fs_identity(self.host, at, offset=FS_OFFSET * 512)
         if not found.get("TYPE"):
             return []
         return [{"type": f"{found['TYPE']} {FS_OFFSET // MIB} MiB in, where the filesystem "

@@ -102,33 +102,54 @@ class Planner:
         lvm2 commands name a VG); `check` is the backend's own re-check (LVM UUIDs)."""
         building = destructive or str(argv[0]) in BUILDS
         if self.restoring and building:
-            # Restore re-assembles what is there; whatever it would have to create or
-            # erase means something recorded is missing, which the backend names.
-            self.refuse(f"{self.cache}: restore would have to build ({summary}: "
-                        f"`{shlex.join(str(a) for a in argv)}`); restore never builds or "
-                        "erases. Something the mapping records is missing: `hotcache status "
-                        f"{self.cache}` names it")
+            self._refuse_building(summary, shlex.join(str(a) for a in argv))
             return
-        hit = sorted(a for a in argv if isinstance(a, str) and a in self.own_devices) \
-            if destructive else []
+        guard = None
+        if destructive:
+            proven, guard = self._proven(summary, argv, devices)
+            if not proven:
+                return
+        self.plan.steps.append(Step(self.cache, summary, argv, capture=capture,
+                                    destructive=destructive, check=_both(guard, check)))
+
+    def do(self, summary: str, action: Callable[[RunContext], None], *,
+           destructive_on: tuple[str | Ref, ...] = ()) -> None:
+        """Queue hotcache's own work; `destructive_on`: the devices it writes over, each
+        proven again right before it runs, as a destructive command's."""
+        guard = None
+        if destructive_on:
+            if self.restoring:
+                self._refuse_building(summary, "hotcache's own write")
+                return
+            proven, guard = self._proven(summary, list(destructive_on), ())
+            if not proven:
+                return
+        self.plan.steps.append(Step(self.cache, summary, action=action,
+                                    destructive=bool(destructive_on), check=guard))
+
+    def _refuse_building(self, summary: str, shown: str) -> None:
+        # Restore re-assembles what is there; whatever it would have to create or
+        # erase means something recorded is missing, which the backend names.
+        self.refuse(f"{self.cache}: restore would have to build ({summary}: `{shown}`); "
+                    "restore never builds or erases. Something the mapping records is "
+                    f"missing: `hotcache status {self.cache}` names it")
+
+    def _proven(self, summary: str, argv: list[str | Ref], devices: tuple[str, ...]
+                ) -> tuple[bool, Callable[[RunContext], None] | None]:
+        """Whether a destructive step may be queued (never on this cache's own devices),
+        and the check that proves its devices again right before it runs."""
+        hit = sorted(a for a in argv if isinstance(a, str) and a in self.own_devices)
         if hit:
             self.refuse(f"{self.cache}: apply would erase {', '.join(hit)} ({summary}), which "
                         "holds this cache's own data: the mapping records it as built, so "
                         "something it records is missing. hotcache never rebuilds a built "
                         f"cache over its own devices: `hotcache status {self.cache}` names "
                         "what is missing")
-            return
-        guard = None
-        if destructive:
-            touched = self.plan.touched
-            guard = recheck.guard(self.env.host, self.cache, summary, [*argv, *devices],
-                                  touched)
-            touched.update(a for a in argv if isinstance(a, str) and a.startswith("/dev/"))
-        self.plan.steps.append(Step(self.cache, summary, argv, capture=capture,
-                                    destructive=destructive, check=_both(guard, check)))
-
-    def do(self, summary: str, action: Callable[[RunContext], None]) -> None:
-        self.plan.steps.append(Step(self.cache, summary, action=action))
+            return False, None
+        touched = self.plan.touched
+        guard = recheck.guard(self.env.host, self.cache, summary, [*argv, *devices], touched)
+        touched.update(a for a in argv if isinstance(a, str) and a.startswith("/dev/"))
+        return True, guard
 
     def refuse(self, why: str) -> None:
         self.refusals.append(why)
@@ -160,8 +181,9 @@ def fstab_options(spec: CacheSpec) -> list[str]:
     """The mount options plus what systemd reads: `nofail` and a bounded device wait (a
     late disk never drops the host into emergency mode) and, for a cache restored at
     boot, `x-systemd.requires=` its restore unit: Requires= and After=, so a restore that
-    failed, was masked or never ran stops the mount, and the bare origin (which can show
-    the same filesystem UUID, stale) is never mounted in the cache's place."""
+    failed, was masked or never ran stops the mount, and the bare origin (a raw dm-cache
+    built before hotcache's origin header shows the same filesystem UUID, stale) is never
+    mounted in the cache's place."""
     requires = [f"x-systemd.requires={bootunit.unit_name(spec.name)}"] \
         if BACKENDS[spec.backend].restores_at_boot else []
     return [*mount_options(spec), "nofail", *requires,
@@ -332,9 +354,16 @@ def preflight(p: Planner, backend: Backend, spec: CacheSpec, entry: CacheEntry |
                 return
         sigs = [*sigs, *_header_signature(p.env.host, node,
                                           backend.signature(entry, dev.role) if entry else None),
-                *backend.hidden_signatures(dev)]
+                *backend.hidden_signatures(entry, dev, node)]
     else:
         sigs = dev.image_signatures
+        image = dev.ref.loop.file if dev.ref.loop is not None else None
+        if image is not None and os.path.exists(image):
+            # an image not attached yet: hotcache's header and what lies behind it, read
+            # from the file (a kept image of a torn-down cache holds both)
+            sigs = [*sigs, *_header_signature(p.env.host, image, backend.signature(
+                entry, dev.role) if entry else None),
+                *backend.hidden_signatures(entry, dev, image)]
     # An existing image file with data in it is someone's, unless the mapping says
     # hotcache made it: a file of plain data carries no signature to refuse.
     foreign = None

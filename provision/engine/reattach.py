@@ -99,7 +99,7 @@ def waiting(data: dict[str, Any]) -> list[WaitingRow]:
             "filesystem_uuid": entry.filesystem.uuid,
             "mountpoint": entry.filesystem.mountpoint,
             "message": f"its failed SSD was taken off; the origin {shown} keeps the "
-                       f"filesystem {entry.filesystem.uuid}, read without a cache. Name a "
+                       f"filesystem {entry.filesystem.uuid}, without a cache. Name a "
                        f"new SSD as the cache device in {name}'s spec and run `hotcache "
                        f"apply SPEC` to attach a new cache to it (`hotcache teardown {name} "
                        "--forget` drops this record)",

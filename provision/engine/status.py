@@ -148,8 +148,9 @@ def _shut_down(mp: str) -> bool:
 def _bare_origin(host: Host, entry: CacheEntry, origin: DeviceSeen | None,
                  found: _Findings) -> None:
     """A block cache's filesystem mounted from its origin alone (`mount -a` or a rescue
-    system ignore the fstab line's x-systemd dependency, and a raw dm-cache origin shows
-    the same XFS, UUID and all): reads bypass the cache, and what is written now is
+    system ignore the fstab line's x-systemd dependency, and the origin of a raw dm-cache
+    built before hotcache's origin header shows the same XFS, UUID and all): reads
+    bypass the cache, and what is written now is
     missing from it, which would serve stale blocks once loaded again. The UUID matches,
     so only the device number tells. Nothing is published for it then."""
     mp = entry.filesystem.mountpoint

@@ -207,11 +207,11 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
 
 
 def check_waiting_for_ssd(data: dict) -> list[Finding]:
-    """Caches whose failed SSD a teardown took off: their data is read without a cache."""
+    """Caches whose failed SSD a teardown took off: their data waits on the origin."""
     return [Finding.coded("cache", WARNING, w["name"],
                           f"{w['name']} has no cache: its failed SSD was taken off, and its "
                           f"origin {w['origin']} keeps the filesystem {w['filesystem_uuid']}, "
-                          "read without a cache", Code.WAITING_FOR_SSD, name=w["name"])
+                          "without a cache", Code.WAITING_FOR_SSD, name=w["name"])
             for w in waiting(data)]
 
 

@@ -6,15 +6,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from hotcache.provision import mapping
-from hotcache.provision.plan import RunContext
+from hotcache.provision.plan import Ref, RunContext
 from hotcache.provision.records import STATES, BackendState, CacheEntry
 
 if TYPE_CHECKING:
     from hotcache.provision.backends.parts.contract import Planner
 
 
-def remember(p: Planner, summary: str, compute: Callable[[RunContext], dict[str, Any]]) -> None:
-    """Queue a step that merges compute(ctx) into the cache's backend_state."""
+def remember(p: Planner, summary: str, compute: Callable[[RunContext], dict[str, Any]], *,
+             destructive_on: tuple[str | Ref, ...] = ()) -> None:
+    """Queue a step that merges compute(ctx) into the cache's backend_state;
+    `destructive_on`: the devices compute writes over (Planner.do)."""
 
     def action(ctx: RunContext) -> None:
         values = compute(ctx)
@@ -26,7 +28,7 @@ def remember(p: Planner, summary: str, compute: Callable[[RunContext], dict[str,
             kind = STATES.get(entry.backend, BackendState)
             entry.backend_state = kind.model_validate({**old, **values})
 
-    p.do(summary, action)
+    p.do(summary, action, destructive_on=destructive_on)
 
 
 S = TypeVar("S", bound=BackendState)

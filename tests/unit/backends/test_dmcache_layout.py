@@ -52,7 +52,9 @@ def layered(fake, *, loaded: bool = True, mounted: bool | None = None) -> None:
     fake.disks["vdb"].inner = {2**20: {"TYPE": "xfs", "UUID": FS}}
     if loaded:
         fake.tables["hc-c1-cache"] = CACHE_TABLE
-        fake.tables["hc-c1"] = TOP[-1]
+        cached_device(fake, "dm-3", "/dev/mapper/hc-c1-cache", formatted=False)
+        minor = fake.path("/sys/class/block/dm-3/dev").read_text().strip()
+        fake.tables["hc-c1"] = f"0 {ORIGIN_SECTORS - 2048} linear {minor} 2048"
         fake.tables["hc-c1-meta"] = "0 8192 linear 254:32 8"
         fake.tables["hc-c1-data"] = "0 515968 linear 254:32 8200"
         for i, part in ((1, "meta"), (2, "data")):
@@ -189,8 +191,10 @@ def test_cache_failed_maps_the_origin_past_its_header(fake):
         ["dmsetup", "create", "hc-c1-cache", "--table", f"0 {ORIGIN_SECTORS} linear /dev/vdb 0"],
         TOP]
     assert any("is on /dev/mapper/hc-c1" in n for n in plan.notes), plan.notes
-    assert any(f"dmsetup create hc-c1 --table '0 {ORIGIN_SECTORS - 2048} linear /dev/vdb "
-               "2048'" in n for n in plan.notes), plan.notes
+    assert any("dmsetup create hc-c1-cache --table '0 2097152 linear "
+               "/dev/disk/by-id/virtio-hdd1 0'` and then `dmsetup create hc-c1 --table "
+               f"'0 {ORIGIN_SECTORS - 2048} linear /dev/mapper/hc-c1-cache 2048'"
+               in n for n in plan.notes), plan.notes
 
 
 def on_origin(fake) -> None:
@@ -270,3 +274,71 @@ def test_a_first_build_stopped_after_the_origin_header_formats_the_top_device(fa
             "/dev/mapper/hc-c1"] in got
     assert not any("of the origin, before the filesystem" in s for s in got
                    if isinstance(s, str))
+
+
+def test_the_origin_header_is_written_only_on_the_disk_planned_for(fake):
+    """The header zeroes the origin's first MiB: a destructive step, whose device is
+    proven again right before it runs (disks renamed while the plan waited)."""
+    from hotcache.provision.engine.spec import HostSpec
+    from tests.unit.backends.test_plans import spec
+
+    steps_ = plan_apply(HostSpec.model_validate(spec("dm-cache").model_dump(
+        mode="json", exclude_none=True)), fake.env_).steps
+    step = next(s for s in steps_ if "in the first 1 MiB of the origin" in s.summary)
+    assert step.destructive and step.check is not None
+    step.check(RunContext(Runner(dry_run=False)))          # the same disk: goes on
+    fake.path("/sys/class/block/vdb/serial").write_text("another-disk\n")
+    with pytest.raises(RefusedError, match="vdb"):
+        step.check(RunContext(Runner(dry_run=False)))
+
+
+def test_a_kept_origin_image_of_a_torn_down_cache_needs_wipe(tmp_path, monkeypatch):
+    """A loop-backed cache torn down keeps its origin image: hotcache's header, and the
+    filesystem 1 MiB in, which neither wipefs nor blkid sees at the file's start. An
+    apply naming that image again (not attached) is refused without `wipe: true`. Real
+    files, blkid and wipefs; the planner is told the kernel has device-mapper (this host
+    has none), since the refusal comes before any device-mapper step."""
+    import subprocess
+
+    from hotcache.provision.backends.dmcache import DmCache
+
+    monkeypatch.setattr(DmCache, "unavailable", lambda self: None)
+
+    from hotcache.provision.engine.apply import Env, plan_apply
+    from hotcache.provision.engine.spec import HostSpec
+    from hotcache.provision.system.runner import Runner
+
+    fs = tmp_path / "fs.img"
+    subprocess.run(["truncate", "--size", "320M", fs], check=True)
+    subprocess.run(["mkfs.xfs", "-q", fs], check=True)
+    hdd = tmp_path / "hdd.img"
+    with open(hdd, "wb") as f:
+        f.write(header.render("c1", "dm-cache", ORIGIN_UUID, role="origin",
+                              filesystem_offset_bytes=2**20).ljust(2**20, b"\0"))
+        f.write(fs.read_bytes()[:2**20])
+        f.truncate(1024 * 2**20)
+    body = {"caches": [{
+        "name": "c1", "backend": "dm-cache",
+        "origin": {"loop": {"file": str(hdd), "size": "1G"}},
+        "cache": {"loop": {"file": str(tmp_path / "ssd.img"), "size": "256M"}},
+        "filesystem": {"mountpoint": str(tmp_path / "mnt")}}]}
+    env = Env(Runner(dry_run=True), tmp_path / "mappings.yaml", tmp_path / "fstab")
+    with pytest.raises(RefusedError) as err:
+        plan_apply(HostSpec.model_validate(body), env)
+    said = str(err.value)
+    assert "c1.origin" in said and "hotcache header of cache c1" in said, said
+    assert "xfs 1 MiB in" in said, said
+    assert not (tmp_path / "ssd.img").exists() and not env.state.exists()
+
+
+def test_a_top_device_mapped_by_hand_is_refused_not_built_under(fake):
+    """After a boot an administrator mapped the filesystem straight off the origin as
+    hc-c1: a new SSD's cache built beside it would never be read. Refused, nothing run."""
+    detached(fake)
+    fake.tables["hc-c1"] = f"0 {ORIGIN_SECTORS - 2048} linear 254:16 2048"
+    with pytest.raises(RefusedError) as err:
+        plan_apply(new_ssd_spec("dm-cache"), fake.env_)
+    assert "hc-c1 holds `0 2095104 linear 254:16 2048`, not the mapping hotcache loads" \
+        in str(err.value), str(err.value)
+    assert fake.runner.recorded == [] or all(a[0] in ("dmsetup", "blkid", "wipefs")
+                                             and a[1] != "create" for a in fake.runner.recorded)
