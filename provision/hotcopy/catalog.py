@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from hotcache.provision import mapping
 from hotcache.provision.errors import HotcacheError
@@ -16,7 +17,7 @@ ASIDES = "asides"      # the mapping's key: folders hotcache renamed aside, by i
 RECORDED = ("name", "version", "files", "bytes", "copied_at", "verified_at", "verify_ok")
 
 
-def backing_cache(path: Path, data: dict) -> tuple[str, CacheEntry] | None:
+def backing_cache(path: Path, data: dict[str, Any]) -> tuple[str, CacheEntry] | None:
     """The mapping entry whose mountpoint holds `path` (the deepest one), or None."""
     real = os.path.realpath(path)
     best = None
@@ -28,7 +29,7 @@ def backing_cache(path: Path, data: dict) -> tuple[str, CacheEntry] | None:
     return best
 
 
-def record(dest: Path, meta: dict, state: Path | None, st: os.stat_result) -> str | None:
+def record(dest: Path, meta: dict[str, Any], state: Path | None, st: os.stat_result) -> str | None:
     """Record (or re-record) the copy hotcache just published at `dest`, identified by
     `st`, the fstat of the folder it holds open (never what the path leads to now: a
     member may have swapped another folder in since), when DEST lies on a managed mount;
@@ -49,7 +50,7 @@ def record(dest: Path, meta: dict, state: Path | None, st: os.stat_result) -> st
         return name
 
 
-def update(dest: Path, meta: dict, state: Path | None, st: os.stat_result) -> bool:
+def update(dest: Path, meta: dict[str, Any], state: Path | None, st: os.stat_result) -> bool:
     """A verification's outcome into the record of the copy at `dest`, only when one
     exists and is this very folder (`st`: the fstat of the folder verified, same device,
     inode and owner). Verifying never creates a record nor points one at another folder:
@@ -73,17 +74,17 @@ def update(dest: Path, meta: dict, state: Path | None, st: os.stat_result) -> bo
         return True
 
 
-def describe(dest: Path, cache: str | None = None) -> dict:
+def describe(dest: Path, cache: str | None = None) -> dict[str, Any]:
     state, meta = copy_state(dest)
-    row = {"path": str(dest), "cache": cache, "state": state.value}
+    row: dict[str, Any] = {"path": str(dest), "cache": cache, "state": state.value}
     row.update({k: (meta or {}).get(k) for k in RECORDED})
     return row
 
 
-def find(roots: list[Path], state: Path | None) -> list[dict]:
+def find(roots: list[Path], state: Path | None) -> list[dict[str, Any]]:
     """Every hot copy recorded in the mapping, plus those found at or one level under
     each root (a root is usually the SSD mount)."""
-    rows: dict[str, dict] = {}
+    rows: dict[str, dict[str, Any]] = {}
     path = mapping.state_path(state and str(state))
     if path.exists():
         for cache, entry in mapping.load(path).get("caches", {}).items():

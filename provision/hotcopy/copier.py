@@ -24,26 +24,27 @@ import os
 import pwd
 import stat
 import time
-from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from hotcache.provision import __version__
 from hotcache.provision.system import beneath, fsops, sizes, users
 from hotcache.provision.hotcopy import lanes, manifest
 from hotcache.provision.errors import DriftError, HotcacheError, RefusedError, UsageError
-from hotcache.provision.hotcopy.filecopy import CHUNK, Done, FileCopier, Limiter, default_jobs
-from hotcache.provision.hotcopy.lanes import SMALL
+from hotcache.provision.hotcopy.filecopy import Done, FileCopier, Limiter, default_jobs
+from hotcache.provision.hotcopy.lanes import SMALL, Finished, Item
 from hotcache.provision.hotcopy.format import (FORMAT, MANIFEST, METADATA, STAGING_SUFFIX,
                                                label_ok, metadata_at, staging_dir)
+from hotcache.provision.system.chunks import CHUNK
 from hotcache.provision.system.clock import now
 from hotcache.provision.system.meter import NullMeter
-from hotcache.provision.hotcopy.selection import Coverage, Entries, Entry, select
+from hotcache.provision.hotcopy.selection import Coverage, Entries, Entry, Selection, select
 from hotcache.provision.hotcopy.spool import Spool
 from hotcache.provision.hotcopy.staging import Staging
-from hotcache.provision.hotcopy.sizing import FITS, AdviceDoc
+from hotcache.provision.hotcopy.sizing import FITS, Advice, AdviceDoc
 from hotcache.provision.hotcopy.subset import advice_for, sized
 from hotcache.provision.hotcopy.verify import hash_files
 
@@ -78,7 +79,7 @@ class _Counts(TypedDict):
 
 
 class _Fit(TypedDict, total=False):
-    fit: dict                   # how a sized subset was drawn (--fit, --budget)
+    fit: dict[str, Any]         # how a sized subset was drawn (--fit, --budget)
 
 
 class CopyPlanned(_Counts, Coverage, _Fit):
@@ -90,11 +91,16 @@ class _Versioned(CopyPlanned):
     changed: bool               # a new version was published
 
 
-class CopySummary(_Versioned, total=False):
-    """What `copy` did (or, with dry_run, would do)."""
+class _Outcome(TypedDict, total=False):
+    """How a run ended, after the version: nothing (DEST already held it), a dry run, or
+    a published copy."""
     dry_run: Literal[True]      # only in a dry run
     copied_at: str              # a published copy: when
     cache: str | None           # a published copy: the mapping's cache that holds it
+
+
+class CopySummary(_Versioned, _Outcome):
+    """What `copy` did (or, with dry_run, would do)."""
 
 
 @dataclass
@@ -199,7 +205,6 @@ def parse_rate(text: str | None) -> int | None:
 # ---------------------------------------------------------------- the whole copy
 
 COPY, LINK, CHECK, RESUMED = range(4)   # what a run does with each selected file
-Item = tuple[int, int, Entry, str]       # index, kind, the file, its known sha256 (hex) or ""
 DIGEST = 32                              # bytes of a sha256 in the compact arrays
 _DIGESTS_READ = 2048                     # digests read at once by a pass over all (64 KiB)
 
@@ -214,7 +219,7 @@ class CopyPlan:
     entries: Entries
     kinds: bytearray
     known: Spool
-    old: dict | None
+    old: dict[str, Any] | None
     same_names: bool            # the published manifest lists exactly these paths
     counts: list[int] = field(default_factory=lambda: [0] * 4)
     sizes: list[int] = field(default_factory=lambda: [0] * 4)
@@ -225,7 +230,8 @@ class CopyPlan:
         return self.sizes[COPY] + self.sizes[CHECK]
 
 
-def make_plan(entries: Entries, dest: Path, old: dict | None, journal: dict, checksum: bool,
+def make_plan(entries: Entries, dest: Path, old: dict[str, Any] | None,
+              journal: dict[str, tuple[int, int, str]], checksum: bool,
               spool_dir: int | None = None) -> CopyPlan:
     """The selection (in path order) merged with the published copy's manifest (read in
     path order, a line at a time): nothing is held per file of the old copy. `old`: the
@@ -295,7 +301,8 @@ def _unchanged(published: str, e: Entry) -> bool:
     return stat.S_ISREG(st.st_mode) and st.st_size == e.size and st.st_mtime_ns == e.mtime_ns
 
 
-def check_space(dest: Path, need: int, margin: float, fd: int, sizing=None) -> None:
+def check_space(dest: Path, need: int, margin: float, fd: int,
+                sizing: Advice | None = None) -> None:
     """`fd`: the folder that holds the staging folder, on DEST's own filesystem."""
     st = os.fstatvfs(fd)
     free = st.f_bavail * st.f_frsize
@@ -310,7 +317,7 @@ def check_space(dest: Path, need: int, margin: float, fd: int, sizing=None) -> N
               "choose another DEST")
 
 
-def next_version(old: dict | None) -> str:
+def next_version(old: dict[str, Any] | None) -> str:
     prev = str((old or {}).get("version", "0"))
     return str(int(prev) + 1) if prev.isdigit() else f"{prev}+1"
 
@@ -327,7 +334,7 @@ class Place:
     dest_fd: int | None = None
     dest_st: os.stat_result | None = None
     mountpoint: bool = False
-    old: dict | None = None
+    old: dict[str, Any] | None = None
 
     @classmethod
     def open(cls, dest: Path) -> Place:
@@ -349,7 +356,7 @@ class Place:
                 raise
         return place
 
-    def check_replaceable(self, meta: dict | None, publishing: bool = True) -> None:
+    def check_replaceable(self, meta: dict[str, Any] | None, publishing: bool = True) -> None:
         """The folder held at DEST may be replaced: a hot copy (`meta`, its metadata read
         through the descriptor held, is not None), or empty (but for a mountpoint's
         lost+found and hotcache's staging folder). Listed through the descriptor held,
@@ -429,7 +436,9 @@ def copy(src: Path, dest: Path, opts: CopyOptions,
         place.close()
 
 
-def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> CopySummary:
+def _copy(src: Path, src_fd: int, place: Place, sel: Selection, sizing: Advice,
+          opts: CopyOptions, owner: tuple[int, int] | None, mode: int | None,
+          meter: NullMeter) -> CopySummary:
     dest = place.dest
     staging = place.staging()
     try:
@@ -450,12 +459,12 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> C
     try:
         if old is not None and _same(plan, opts, name) and not plan.counts[CHECK] and \
                 opts.version in (None, old["version"]):
-            return {**summary, "version": old["version"], "changed": False}
+            return _versioned(summary, old["version"], False, {})
         if opts.space_check:
             check_space(dest, plan.copy_bytes, opts.margin, staging.parent_fd, sizing)
         if opts.dry_run:
-            return {**summary, "version": opts.version or next_version(old), "changed": False,
-                    "dry_run": True}
+            return _versioned(summary, opts.version or next_version(old), False,
+                              {"dry_run": True})
         existed = staging.is_open
         staging.create(src, dest)
         if existed:
@@ -466,7 +475,7 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> C
         if old is not None and _same(plan, opts, name) and not recopied and \
                 opts.version in (None, old["version"]):
             staging.remove()   # --checksum found nothing new: keep what is published
-            return {**summary, "version": old["version"], "changed": False}
+            return _versioned(summary, old["version"], False, {})
         version = opts.version or next_version(old)
         verified_at = _read_back(staging, sel.entries, digests, opts, meter) \
             if opts.verify else None
@@ -489,15 +498,24 @@ def _copy(src, src_fd, place: Place, sel, sizing, opts, owner, mode, meter) -> C
     finally:
         staging.close()
     recorded = _record(dest, meta, opts.state, meter, published)
-    return {**summary, "version": meta["version"], "changed": True,
-            "copied_at": meta["copied_at"], "cache": recorded}
+    return _versioned(summary, meta["version"], True,
+                      {"copied_at": meta["copied_at"], "cache": recorded})
+
+
+def _versioned(planned: CopyPlanned, version: str, changed: bool,
+               outcome: _Outcome) -> CopySummary:
+    """The summary: what was planned, the version and how the run ended, in that order.
+    `outcome` is spread too, never left out when empty: it tells mypy the type of every
+    key a summary has beyond `planned`'s, which `planned` spread alone might carry with
+    any type (a TypedDict value may hold more keys than its type names)."""
+    return {**planned, "version": version, "changed": changed, **outcome}
 
 
 def _plan(src: Path, place: Place, staging: Staging, entries: Entries,
           opts: CopyOptions) -> CopyPlan:
     """The plan, taking an earlier run's staging journal into account (under its lock:
     the staging folder stays open and locked for the rest of the copy)."""
-    journal: dict = {}
+    journal: dict[str, tuple[int, int, str]] = {}
     if staging.open():
         if staging.source() not in (None, str(src)):
             raise RefusedError(f"{staging.path} holds an unfinished copy of another source "
@@ -520,8 +538,9 @@ def _resumed(plan: CopyPlan) -> set[str]:
     return {rel for rel, kind in zip(plan.entries.rels(), plan.kinds) if kind == RESUMED}
 
 
-def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owner, mode,
-         meter) -> tuple[Spool, dict[int, int], int]:
+def _run(src: Path, src_fd: int, place: Place, staging: Staging, plan: CopyPlan,
+         opts: CopyOptions, owner: tuple[int, int] | None, mode: int | None,
+         meter: NullMeter) -> tuple[Spool, dict[int, int], int]:
     """Copy/link everything in the plan; returns the sha256 of every selected file (32
     bytes each, in the selection's order), the mtimes (ns) of the files whose copy got
     another than the walk saw, by index, and how many files --checksum found changed.
@@ -564,7 +583,7 @@ def _run(src, src_fd, place: Place, staging: Staging, plan: CopyPlan, opts, owne
         batches = _batches(work())
         window = WINDOW * jobs
 
-        def submit(n: int) -> set:
+        def submit(n: int) -> set[Future[Finished]]:
             return {pool.submit(b, b[0][2].size < SMALL) for b in itertools.islice(batches, n)}
 
         remaining = submit(window)
@@ -673,7 +692,8 @@ def _batch(worker: FileCopier, batch: list[Item]) -> list[tuple[int, Done]]:
     return out
 
 
-def _fail(exc: BaseException, staging: Staging, dest: Path, plan: CopyPlan, checkpoint) -> None:
+def _fail(exc: BaseException, staging: Staging, dest: Path, plan: CopyPlan,
+          checkpoint: Callable[[], None]) -> None:
     """Turn a failure into a clear error. A full filesystem gets its staging removed (the
     copy cannot finish there and the space must come back); anything else keeps what is
     journaled so that the next run resumes."""
@@ -721,15 +741,17 @@ def _pairs(entries: Entries, digests: Spool) -> Iterator[tuple[str, str]]:
             yield next(rels), block[at:at + DIGEST].hex()
 
 
-def _finish(staging: Staging, src, dest, digests, mtimes, sel, opts, name, version, old,
-            owner, verified_at: str | None) -> dict:
+def _finish(staging: Staging, src: Path, dest: Path, digests: Spool, mtimes: dict[int, int],
+            sel: Selection, opts: CopyOptions, name: str, version: str,
+            old: dict[str, Any] | None, owner: tuple[int, int] | None,
+            verified_at: str | None) -> dict[str, Any]:
     """Manifest, metadata, then make it all durable (the folders got their owner and
     mode when they were made). The manifest is written before the journal is dropped: a
     failure here resumes, not starts over."""
     manifest.write(staging.fd, _pairs(sel.entries, digests), owner)
     manifest.write_mtimes(staging.fd, (mtimes.get(i, e.mtime_ns)
                                        for i, e in enumerate(sel.entries)), owner)
-    meta = {
+    meta: dict[str, Any] = {
         "format": FORMAT, "complete": True, "name": name, "version": str(version),
         "source": str(src), "files": len(sel.entries), "bytes": sel.bytes, "hash": "sha256",
         "copied_at": now(), "verified_at": verified_at,
@@ -831,7 +853,7 @@ def _publish_into_mountpoint(staging: Staging, place: Place) -> None:
     os.fsync(dfd)
 
 
-def _record(dest: Path, meta: dict, state: Path | None, meter: NullMeter,
+def _record(dest: Path, meta: dict[str, Any], state: Path | None, meter: NullMeter,
             st: os.stat_result) -> str | None:
     """Note the copy in the mapping. The copy is already published, so a mapping that
     cannot be written is a warning, not a failed copy."""

@@ -23,6 +23,7 @@ import re
 import stat
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from hotcache.provision.system import beneath
 from hotcache.provision.system.strenum import StrEnum
@@ -88,7 +89,7 @@ class CopyState(StrEnum):
         return False
 
 
-def copy_state(dest: Path) -> tuple[CopyState, dict | None]:
+def copy_state(dest: Path) -> tuple[CopyState, dict[str, Any] | None]:
     """The state of what is at `dest` (a DEST, or a staging folder itself), with the
     published copy's metadata (None when nothing is published)."""
     if dest.name.endswith(STAGING_SUFFIX):
@@ -106,7 +107,7 @@ def copy_state(dest: Path) -> tuple[CopyState, dict | None]:
     return (CopyState.VERIFIED if verified else CopyState.NOT_VERIFIED), meta
 
 
-def read_metadata(dest: Path) -> dict | None:
+def read_metadata(dest: Path) -> dict[str, Any] | None:
     """The metadata of a complete, published hot copy at `dest`, or None."""
     if dest.name.endswith(STAGING_SUFFIX):
         return None
@@ -121,7 +122,7 @@ def read_metadata(dest: Path) -> dict | None:
     return meta
 
 
-def metadata_at(dirfd: int) -> dict | None:
+def metadata_at(dirfd: int) -> dict[str, Any] | None:
     """read_metadata for the folder held open as `dirfd`: read through the descriptor, so
     that what is judged is that folder, whatever its path leads to meanwhile."""
     try:

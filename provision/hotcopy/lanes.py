@@ -32,7 +32,8 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from hotcache.provision.errors import HotcacheError
-from hotcache.provision.hotcopy.filecopy import FileCopier
+from hotcache.provision.hotcopy.filecopy import Done, FileCopier
+from hotcache.provision.hotcopy.selection import Entry
 from hotcache.provision.system.chunks import CHUNK
 from hotcache.provision.system.meter import NullMeter
 
@@ -44,10 +45,13 @@ _PR_SET_PDEATHSIG = 1
 # group or unit; this process alone stops the copy.
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
+# One file of a batch: its index in the selection, what the copy does with it (copier's
+# COPY, LINK or CHECK), the file, and its known sha256 (hex) or "".
+Item = tuple[int, int, Entry, str]
 # What a batch returns: the (index, journal line) of each file, the bytes it moved (for
 # the meter) and how many files --checksum found changed.
-Finished = tuple[list, int, int]
-RunBatch = Callable[[FileCopier, list], list]
+Finished = tuple[list[tuple[int, Done]], int, int]
+RunBatch = Callable[[FileCopier, list[Item]], list[tuple[int, Done]]]
 
 
 def processes(small_files: int, jobs: int) -> int:
@@ -76,12 +80,12 @@ class Lanes:
         self.threads = ThreadPoolExecutor(max_workers=threads,
                                           thread_name_prefix="hotcache-copy")
 
-    def submit(self, batch: list, small: bool) -> Future:
+    def submit(self, batch: list[Item], small: bool) -> Future[Finished]:
         if small and self.procs is not None:
             return self.procs.submit(_in_child, batch)
         return self.threads.submit(self._in_thread, batch)
 
-    def _in_thread(self, batch: list) -> Finished:
+    def _in_thread(self, batch: list[Item]) -> Finished:
         return self.run(self.worker, batch), 0, 0   # the thread advanced the meter itself
 
     def shutdown(self, cancel: bool = False) -> None:
@@ -166,7 +170,7 @@ def _start_child(worker: FileCopier, run: RunBatch, parent: int) -> None:
     _child = (worker, run)
 
 
-def _in_child(batch: list) -> Finished:
+def _in_child(batch: list[Item]) -> Finished:
     if _child is None:
         raise RuntimeError("not a copy's worker process")
     worker, run = _child

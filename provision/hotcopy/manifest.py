@@ -58,7 +58,7 @@ def write_mtimes(dirfd: int, mtimes: Iterable[int],
     beneath.write_stream(dirfd, MTIMES, (b"%d\n" % m for m in mtimes), owner=owner)
 
 
-def read_mtimes(dirfd: int) -> array | None:
+def read_mtimes(dirfd: int) -> array[int] | None:
     """The mtimes the copy recorded, or None for a copy made before they were kept (or
     whose list cannot be read as one)."""
     try:

@@ -40,8 +40,9 @@ import stat
 import time
 from dataclasses import asdict, dataclass
 from functools import partial
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from hotcache.provision import mapping
 from hotcache.provision.block.busy import users_of
@@ -66,13 +67,13 @@ class Candidate:
     busy: str | None = None   # who holds it open: then it is kept
     kept: str | None = None   # why it is only reported, never deleted
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, str | int | None]:
         d = asdict(self)
         d.pop("dev"), d.pop("ino")
         return d
 
 
-def tree_bytes(path: Path, seen: set) -> int:
+def tree_bytes(path: Path, seen: set[tuple[int, int]]) -> int:
     """Bytes on disk of the files under `path` (each inode once, links not followed).
     Only an inode with more than one name can be met twice, so only those go into
     `seen`: a copy of millions of files keeps no entry per file."""
@@ -91,7 +92,7 @@ def tree_bytes(path: Path, seen: set) -> int:
     return total
 
 
-def _children(root: Path, depth: int = 2):
+def _children(root: Path, depth: int = 2) -> Iterator[Path]:
     """Folders at most `depth` levels below root, not descending into hot copies."""
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
@@ -145,12 +146,13 @@ def _source_gone(source: str | None) -> bool:
         return False
 
 
-def _version_key(meta: dict):
+def _version_key(meta: dict[str, Any]) -> tuple[str, int, str]:
     v = str(meta.get("version", ""))
     return (str(meta.get("copied_at") or ""), int(v) if v.isdigit() else -1, v)
 
 
-_Versions = dict[str, list[tuple[dict, Path, os.stat_result]]]
+_Version = tuple[dict[str, Any], Path, os.stat_result]   # a copy's metadata, its folder, its lstat
+_Versions = dict[str, list[_Version]]
 
 
 def find(roots: list[Path], *, keep: int, staging_hours: float, tf_caches: list[Path],
@@ -188,7 +190,7 @@ class _Found:
 
     def __init__(self) -> None:
         self.candidates: list[Candidate] = []
-        self._seen: set = set()
+        self._seen: set[tuple[int, int]] = set()
 
     def add(self, kind: str, path: Path, why: str, kept: str | None = None,
             st: os.stat_result | None = None) -> None:
@@ -253,13 +255,12 @@ def _judge_copies(found: _Found, copies: _Versions, keep: int) -> None:
                 found.add(kind, folder, why, st=st)
 
 
-def _newest_first(versions: list[tuple[dict, Path, os.stat_result]]
-                  ) -> list[tuple[dict, Path, os.stat_result]]:
+def _newest_first(versions: list[_Version]) -> list[_Version]:
     """The versions of one copy, newest first (as _version_key orders them)."""
     return sorted(versions, key=lambda mv: _version_key(mv[0]), reverse=True)
 
 
-def _copy_verdict(name: str, rank: int, meta: dict, keep: int,
+def _copy_verdict(name: str, rank: int, meta: dict[str, Any], keep: int,
                   source_gone: Callable[[str | None], bool] | None = None
                   ) -> tuple[str, str] | None:
     """(kind, why) when the version at `rank` (0: the newest) of copy `name` goes: beyond
@@ -317,7 +318,7 @@ def _mark_busy(found: list[Candidate]) -> None:
         c.busy = "; ".join(users) if users else None
 
 
-def _metadata_of(folder: Path, st: os.stat_result) -> dict | None:
+def _metadata_of(folder: Path, st: os.stat_result) -> dict[str, Any] | None:
     """The hot-copy metadata of the folder listed as `st`, read through a descriptor of
     that very folder: anyone who can write to its parent can point the path at another
     folder (with a forged `source`) between the listing and the read."""

@@ -17,7 +17,7 @@ import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict, overload
 
 from hotcache.provision.errors import UsageError
 from hotcache.provision.system import beneath
@@ -45,7 +45,7 @@ class Entry:
         return self.target or self.rel
 
 
-class Entries(Sequence):
+class Entries(Sequence[Entry]):
     """The entries of a selection kept out of memory: the paths in one byte string and the
     numbers in fixed 48-byte records, both spooled to unnamed temporary files (Spool), so
     the kernel keeps them in its page cache rather than in the process's memory. An Entry
@@ -92,7 +92,12 @@ class Entries(Sequence):
     def mtime_ns(self, i: int) -> int:
         return self._numbers(i)[2]
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> Entry: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Entry]: ...
+
+    def __getitem__(self, i: int | slice) -> Entry | list[Entry]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         if i < 0:
@@ -132,7 +137,7 @@ class Entries(Sequence):
                 yield os.fsdecode(blob[start - base:end - base]), rec
                 start = end
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence) or len(self) != len(other):
             return False
         return all(a == b for a, b in zip(self, other))
@@ -155,7 +160,7 @@ class Selection:
     warnings: list[str] = field(default_factory=list)
     source_files: int | None = None     # every file under SRC (the walk), for the
     source_bytes: int | None = None     # share of the dataset a copy holds
-    rule: dict = field(default_factory=dict)   # how a sized subset was drawn (--fit)
+    rule: dict[str, Any] = field(default_factory=dict)   # how a sized subset was drawn (--fit)
 
     def __post_init__(self) -> None:
         if not isinstance(self.entries, Entries):

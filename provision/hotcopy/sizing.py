@@ -83,7 +83,7 @@ def budget_size(text: str, option: str = "--budget") -> int:
                          f"tier (e.g. 80%)") from None
 
 
-def budget_bytes(spec: str | None, folder: os.PathLike, reusable: int = 0) -> tuple[int, str]:
+def budget_bytes(spec: str | None, folder: os.PathLike[str], reusable: int = 0) -> tuple[int, str]:
     """The bytes a copy into `folder`'s filesystem may take, and how that was decided.
 
     spec None (--fit): the free space plus `reusable` (the copy being refreshed, whose

@@ -66,7 +66,7 @@ class Spool:
             os.ftruncate(self._fd, size)   # zero-filled, and sparse until written
             self._size = size
 
-    def __del__(self):
+    def __del__(self) -> None:
         fd = getattr(self, "_fd", -1)
         if fd >= 0:
             os.close(fd)
@@ -129,7 +129,7 @@ class Spool:
             self._window = (0, b"")
 
 
-def _pwrite_all(fd: int, data, offset: int) -> None:
+def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)

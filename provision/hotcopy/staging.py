@@ -167,9 +167,11 @@ class Staging:
     # ------------------------------------------------------------ header and journal
     def source(self) -> str | None:
         try:
-            return json.loads(beneath.read_file(self.fd, HEADER)).get("source")
+            # the header `create` wrote: its "source" is a str
+            source: str | None = json.loads(beneath.read_file(self.fd, HEADER)).get("source")
         except (OSError, ValueError, AttributeError):
             return None
+        return source
 
     def journaled(self) -> dict[str, tuple[int, int, str]]:
         """{rel: (size, mtime_ns, sha256)} of the files an earlier run finished."""

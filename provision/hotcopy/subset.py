@@ -9,7 +9,9 @@ until `--redraw` draws again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hotcache.provision.errors import UsageError
 from hotcache.provision.hotcopy import manifest
@@ -23,8 +25,9 @@ RULE_KEYS = ("rule", "seed", "class_fraction", "stratified_by", "budget", "budge
              "budget_from", "margin", "drawn_at_version")
 
 
-def sized(sel: Selection, dest: Path, old: dict | None, *, fit_: bool, budget: str | None,
-          margin: float, seed: int, redraw: bool, explicit: bool, note=print) -> Selection:
+def sized(sel: Selection, dest: Path, old: dict[str, Any] | None, *, fit_: bool,
+          budget: str | None, margin: float, seed: int, redraw: bool, explicit: bool,
+          note: Callable[[str], object] = print) -> Selection:
     """The selection narrowed to what a sized copy takes; `sel` itself when nothing asks
     for sizing. `old`: the metadata of the copy published at `dest` (None: none).
     `explicit`: the user chose files another way (--fraction, --list)."""
@@ -57,7 +60,8 @@ def sized(sel: Selection, dest: Path, old: dict | None, *, fit_: bool, budget: s
     return picked
 
 
-def _kept(sel: Selection, dest: Path, old: dict, rule: dict, note) -> Selection:
+def _kept(sel: Selection, dest: Path, old: dict[str, Any], rule: dict[str, Any],
+          note: Callable[[str], object]) -> Selection:
     """A refresh: the members of the published copy that SRC still has."""
     members = set(manifest.read(dest / MANIFEST))
     kept = narrow(sel, [e for e in sel.entries if e.rel in members])
@@ -68,7 +72,7 @@ def _kept(sel: Selection, dest: Path, old: dict, rule: dict, note) -> Selection:
     return kept
 
 
-def advice_for(sel: Selection, dest: Path, old: dict | None) -> Advice:
+def advice_for(sel: Selection, dest: Path, old: dict[str, Any] | None) -> Advice:
     """The selection (before any --fit) against what DEST's filesystem can take; `old`:
     the metadata of the copy published there (its bytes can be reused)."""
     available, _how = budget_bytes(None, home(dest), int((old or {}).get("bytes") or 0))

@@ -26,9 +26,10 @@ import stat
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
+from typing import Any, TypedDict
 
 from hotcache.provision.hotcopy import manifest
 from hotcache.provision.system import beneath
@@ -41,6 +42,28 @@ from hotcache.provision.system.chunks import CHUNK, sha256_of
 from hotcache.provision.system.meter import NullMeter
 
 WINDOW = 64    # files in flight per thread
+
+
+class Problem(TypedDict):
+    """A file (or "." for the whole copy) that is not as it was copied, and how."""
+    path: str
+    problem: str
+
+
+class Report(TypedDict):
+    """What `verify` found, as `hotcache verify --json` prints it."""
+    path: str
+    name: Any                   # name and version as the copy's metadata holds them
+    version: Any
+    mode: str
+    files: int                  # in the manifest
+    bytes: int                  # found in DEST
+    hashed_files: int
+    ok: bool
+    problems: list[Problem]
+    verified_at: str
+    mtimes_checked: bool
+    recorded: bool              # stored in the copy's metadata
 
 
 def sha256_file(root_fd: int, rel: str, meter: NullMeter, evict: bool = False) -> str:
@@ -59,11 +82,11 @@ def sha256_file(root_fd: int, rel: str, meter: NullMeter, evict: bool = False) -
 
 
 def hash_files(root_fd: int, pairs: Iterable[tuple[str, str]], jobs: int,
-               meter: NullMeter, evict: bool = False) -> list[dict]:
+               meter: NullMeter, evict: bool = False) -> list[Problem]:
     """Hash each (path, expected sha256) beneath the folder `root_fd` in parallel threads;
     a problem for each that differs. The pairs are taken a window at a time as the
     threads need them, so a caller may stream millions of them."""
-    def check(pair: tuple[str, str]) -> dict | None:
+    def check(pair: tuple[str, str]) -> Problem | None:
         rel, want = pair
         try:
             got = sha256_file(root_fd, rel, meter, evict)
@@ -78,10 +101,10 @@ def hash_files(root_fd: int, pairs: Iterable[tuple[str, str]], jobs: int,
         return None
 
     jobs = jobs or default_jobs()
-    problems: list[dict] = []
+    problems: list[Problem] = []
     pairs = iter(pairs)
     with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="hotcache-verify") as pool:
-        window: deque = deque(pool.submit(check, p) for p in islice(pairs, WINDOW * jobs))
+        window: deque[Future[Problem | None]] = deque(pool.submit(check, p) for p in islice(pairs, WINDOW * jobs))
         while window:   # in order, refilled one for one: at most WINDOW x jobs in flight
             found = window.popleft().result()
             if found:
@@ -141,7 +164,7 @@ def _manifest(root: int) -> Callable[[], Iterator[tuple[str, str]]]:
 
 def verify(dest: Path, mode: str = "fast", sample: int = 0, jobs: int = 0,
            meter: NullMeter | None = None, state: Path | None = None,
-           record: bool = True) -> dict:
+           record: bool = True) -> Report:
     """Check the copy at `dest`; returns a report with `ok` and `problems` (by path)."""
     meter = meter or NullMeter()
     dest = Path(os.path.abspath(dest))
@@ -158,14 +181,15 @@ def verify(dest: Path, mode: str = "fast", sample: int = 0, jobs: int = 0,
         os.close(root)
 
 
-def _verify(dest, root, meta, mode, sample, jobs, meter, state, record) -> dict:
+def _verify(dest: Path, root: int, meta: dict[str, Any], mode: str, sample: int, jobs: int,
+            meter: NullMeter, state: Path | None, record: bool) -> Report:
     """The manifest and DEST's files are both read in path order and compared as they
     come (a merge): what is kept per file is its size (8 bytes), not a Python object."""
     pairs = _manifest(root)
     missing: list[str] = []
     extra: list[str] = []
     odd: list[str] = []
-    touched: list[dict] = []
+    touched: list[Problem] = []
     sizes = array("q")        # per manifest line: the file's size here, -1 if unusable
     seen = array("q")         # and its mtime here (0 if missing)
     mtimes = manifest.read_mtimes(root)
@@ -198,7 +222,7 @@ def _verify(dest, root, meta, mode, sample, jobs, meter, state, record) -> dict:
         extra.append(cur[0])
         total += max(cur[1], 0)
         cur = next(have, None)
-    problems: list[dict] = [{"path": r, "problem": "missing"} for r in missing]
+    problems: list[Problem] = [{"path": r, "problem": "missing"} for r in missing]
     problems += [{"path": r, "problem": "not in the manifest"} for r in extra]
     problems += [{"path": r, "problem": "not a regular file"} for r in odd]
     problems += touched
@@ -242,10 +266,11 @@ def _verify(dest, root, meta, mode, sample, jobs, meter, state, record) -> dict:
     held = _held_failure(meta, mode) if not problems else None
     if held:
         problems.append({"path": ".", "problem": held})
-    report = {"path": str(dest), "name": meta.get("name"), "version": meta.get("version"),
-              "mode": mode, "files": files, "bytes": total, "hashed_files": count,
-              "ok": not problems, "problems": problems, "verified_at": now(),
-              "mtimes_checked": mtimes is not None, "recorded": False}
+    report: Report = {
+        "path": str(dest), "name": meta.get("name"), "version": meta.get("version"),
+        "mode": mode, "files": files, "bytes": total, "hashed_files": count,
+        "ok": not problems, "problems": problems, "verified_at": now(),
+        "mtimes_checked": mtimes is not None, "recorded": False}
     if record:
         report["recorded"] = _store_outcome(dest, root, meta, report, state, bool(held))
         if report["recorded"] and mode == "full" and report["ok"]:
@@ -266,7 +291,7 @@ def strength(mode: str | None) -> int:
     return STRENGTH.get((mode or "fast").split()[0], 0)
 
 
-def _held_failure(meta: dict, mode: str) -> str | None:
+def _held_failure(meta: dict[str, Any], mode: str) -> str | None:
     """Why a passing `mode` check cannot clear the copy: an earlier, stronger check
     failed it (None when nothing stronger stands against it)."""
     if meta.get("verify_ok") is not False or strength(meta.get("verify_mode")) <= strength(mode):
@@ -282,8 +307,8 @@ def _when(ns: int) -> str:
     return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _store_outcome(dest: Path, root: int, meta: dict, report: dict, state: Path | None,
-                   held: bool = False) -> bool:
+def _store_outcome(dest: Path, root: int, meta: dict[str, Any], report: Report,
+                   state: Path | None, held: bool = False) -> bool:
     """Store the outcome in the metadata (and the mapping); a read-only copy is fine.
     When `held`, a stronger check's failure stands: its mode and failed paths are
     kept, only verified_at moves."""
