@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -14,6 +14,9 @@ from hotcache.provision.cli.common import FstabOpt, JsonOpt, StateOpt, emit
 from hotcache.provision.errors import UsageError
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.statepath import state_path
+
+if TYPE_CHECKING:
+    from hotcache.provision.observe.slurm import Feature
 
 slurm_app = typer.Typer(
     help="Send Slurm jobs to the nodes that hold their hot data.\n\n"
@@ -28,7 +31,7 @@ NodeOpt = typer.Option(None, "--node", help="Slurm node name [default: this host
                        "name, as slurmd uses it].")
 
 
-def _found(state: Optional[Path], fstab: Optional[Path]) -> list[dict]:
+def _found(state: Optional[Path], fstab: Optional[Path]) -> list[Feature]:
     """The verified hot copies on this node. Root probes the host (and writes what it
     found to the verified-copies index); any other account reads that index, checked
     against the live folders, and never opens a device."""

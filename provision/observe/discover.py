@@ -4,20 +4,21 @@ this kernel and these programs allow."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pyudev
 
-from hotcache.provision.backends import backend_report  # noqa: F401  (devices --backends)
+from hotcache.provision.backends import backend_report as backend_report  # re-exported: devices --backends
 from hotcache.provision.block import blockdev
 from hotcache.provision.block.host import Host
 
 SKIP_PREFIXES = ("ram", "zram", "sr", "fd")
 
 
-def discover(include_empty_loops: bool = False) -> list[dict]:
+def discover(include_empty_loops: bool = False) -> list[dict[str, Any]]:
     host = Host()
     roots = blockdev.root_devices(host)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for dev in pyudev.Context().list_devices(subsystem="block"):
         name = dev.sys_name
         if name.startswith(SKIP_PREFIXES):

@@ -13,8 +13,10 @@ import glob
 import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, TypedDict
 
 from hotcache.provision.system.strenum import StrEnum
 from hotcache.provision import mapping
@@ -31,6 +33,7 @@ from hotcache.provision.errors import HotcacheError
 from hotcache.provision.hotcopy.format import CopyState
 from hotcache.provision.hotcopy.sizing import FITS
 from hotcache.provision.observe.metrics import hot_copies
+from hotcache.provision.records import CacheEntry
 from hotcache.provision.system.runner import PACKAGES, Runner, which
 
 PROBLEM, WARNING, OK = "problem", "warning", "ok"
@@ -147,7 +150,7 @@ ON_ORIGIN = ("{name} runs on its origin, every file intact. Name a new SSD as th
              "teardown {name} --cache-failed` first, which unmounts it)")
 
 
-def advice(code: str, **facts) -> str:
+def advice(code: str, **facts: object) -> str:
     return ADVICE[code].format(**facts)
 
 
@@ -162,7 +165,7 @@ class Finding:
 
     @classmethod
     def coded(cls, check: str, severity: str, subject: str, message: str, code: str,
-              **facts) -> Finding:
+              **facts: object) -> Finding:
         """A finding whose fix is ADVICE[code], filled with `facts`."""
         return cls(check, severity, subject, message, advice(code, **facts), str(code))
 
@@ -206,7 +209,7 @@ def run(opts: Options, runner: Runner | None = None) -> list[Finding]:
     return findings
 
 
-def check_waiting_for_ssd(data: dict) -> list[Finding]:
+def check_waiting_for_ssd(data: dict[str, Any]) -> list[Finding]:
     """Caches whose failed SSD a teardown took off: their data waits on the origin."""
     return [Finding.coded("cache", WARNING, w["name"],
                           f"{w['name']} has no cache: its failed SSD was taken off, and its "
@@ -215,11 +218,11 @@ def check_waiting_for_ssd(data: dict) -> list[Finding]:
             for w in waiting(data)]
 
 
-def used_backends(caches: dict) -> set[str]:
+def used_backends(caches: dict[str, CacheEntry]) -> set[str]:
     return {e.backend for e in caches.values()}
 
 
-def check_kernel(caches: dict) -> list[Finding]:
+def check_kernel(caches: dict[str, CacheEntry]) -> list[Finding]:
     kernel_has = Host().kernel_has
     out = []
     used = used_backends(caches)
@@ -245,7 +248,7 @@ def check_kernel(caches: dict) -> list[Finding]:
     return out
 
 
-def check_programs(caches: dict) -> list[Finding]:
+def check_programs(caches: dict[str, CacheEntry]) -> list[Finding]:
     used = used_backends(caches) | {PLAIN}
     out = []
     for name in BACKENDS:
@@ -267,7 +270,7 @@ def check_programs(caches: dict) -> list[Finding]:
     return out
 
 
-def _fstab_lines(path: Path):
+def _fstab_lines(path: Path) -> Iterator[tuple[int, str, str, list[str]]]:
     """(line number, device, mountpoint, options) of each entry in an fstab file."""
     try:
         text = path.read_text()
@@ -280,7 +283,7 @@ def _fstab_lines(path: Path):
             yield n, fields[0], os.path.normpath(mp), fields[3].split(",")
 
 
-def check_nofail(caches: dict, opts: Options) -> list[Finding]:
+def check_nofail(caches: dict[str, CacheEntry], opts: Options) -> list[Finding]:
     """Every boot-time mount of a hotcache filesystem (or of a folder inside one) must
     have `nofail`: otherwise a late or dead SSD drops the host into emergency mode."""
     mounts = {os.path.normpath(e.filesystem.mountpoint): name for name, e in caches.items()}
@@ -326,7 +329,7 @@ def restore_installed(unit_dir: Path, name: str) -> list[str]:
     return sorted(found)
 
 
-def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
+def check_boot_restore(caches: dict[str, CacheEntry], unit_dir: Path) -> list[Finding]:
     """bcache tunables and raw dm-cache tables need `hotcache restore` at boot: apply
     installs hotcache-restore-NAME.service (provision/restore.py) and enables it."""
     out = []
@@ -358,7 +361,7 @@ def check_boot_restore(caches: dict, unit_dir: Path) -> list[Finding]:
     return out
 
 
-def check_restore_failed(caches: dict, runner: Runner) -> list[Finding]:
+def check_restore_failed(caches: dict[str, CacheEntry], runner: Runner) -> list[Finding]:
     """A restore that failed at this boot: the cache is not there and its mount did not
     happen (the fstab entry requires the restore unit)."""
     out = []
@@ -388,7 +391,8 @@ def check_drift(rows: dict[str, StatusRow]) -> list[Finding]:
     return out
 
 
-def check_space_and_copies(caches: dict, rows: dict[str, StatusRow], opts: Options) -> list[Finding]:
+def check_space_and_copies(caches: dict[str, CacheEntry], rows: dict[str, StatusRow],
+                           opts: Options) -> list[Finding]:
     out = []
     now = time.time()
     max_age = opts.max_verify_age_days * 86400
@@ -461,7 +465,15 @@ def check_working_set(rows: dict[str, StatusRow]) -> list[Finding]:
     return out
 
 
-def report(findings: list[Finding]) -> dict:
+class Report(TypedDict):
+    """doctor's findings as `doctor --json` prints them."""
+    ok: bool
+    problems: int
+    warnings: int
+    findings: list[dict[str, Any]]          # each Finding, as dataclasses.asdict makes it
+
+
+def report(findings: list[Finding]) -> Report:
     problems = sum(f.severity == PROBLEM for f in findings)
     return {"ok": problems == 0, "problems": problems,
             "warnings": sum(f.severity == WARNING for f in findings),

@@ -40,6 +40,8 @@ from hotcache.provision.observe import nodelabels
 
 if TYPE_CHECKING:
     from hotcache.provision.engine.statusrow import StatusRow
+    from hotcache.provision.observe.nodelabels import UpCopy
+    from hotcache.provision.records import CacheEntry
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "hotcache"}
 PART_OF = "hotcache"
@@ -66,12 +68,12 @@ def dns_name(*parts: str, limit: int = 63) -> str:
     return name
 
 
-def quantity(nbytes) -> str:
+def quantity(nbytes: float | None) -> str:
     """A storage quantity for `nbytes`, rounded up to MiB (at least 1Mi)."""
     return f"{max(1, math.ceil((nbytes or 0) / (1 << 20)))}Mi"
 
 
-def app_labels(component: str, instance: str) -> dict:
+def app_labels(component: str, instance: str) -> dict[str, str]:
     """Kubernetes' recommended labels: which application (hotcache, its version) made
     the object, what part of it the object is, and which instance (a storage class, a
     dataset version) it belongs to."""
@@ -81,23 +83,23 @@ def app_labels(component: str, instance: str) -> dict:
             **MANAGED_BY}
 
 
-def _instance(copy: dict) -> str:
+def _instance(copy: UpCopy) -> str:
     return dns_name(copy["name"], str(copy["version"]))
 
 
-def storage_class(name: str) -> dict:
+def storage_class(name: str) -> dict[str, Any]:
     return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
             "metadata": {"name": name, "labels": app_labels("storage-class", name)},
             "provisioner": "kubernetes.io/no-provisioner",
             "volumeBindingMode": "WaitForFirstConsumer", "reclaimPolicy": "Retain"}
 
 
-def _selector(copy: dict) -> dict:
+def _selector(copy: UpCopy) -> dict[str, str]:
     return {DATASET_KEY: nodelabels.value(copy["name"]) or "none",
             VERSION_KEY: nodelabels.value(str(copy["version"])) or "none"}
 
 
-def volume(copy: dict, node: str, sc: str) -> dict:
+def volume(copy: UpCopy, node: str, sc: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "PersistentVolume",
         "metadata": {"name": dns_name("hotcache", node, copy["name"], str(copy["version"])),
@@ -120,7 +122,7 @@ def volume(copy: dict, node: str, sc: str) -> dict:
     }
 
 
-def claim(copy: dict, namespace: str, sc: str) -> dict:
+def claim(copy: UpCopy, namespace: str, sc: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "PersistentVolumeClaim",
         "metadata": {"name": _instance(copy), "namespace": namespace,
@@ -131,8 +133,8 @@ def claim(copy: dict, namespace: str, sc: str) -> dict:
     }
 
 
-def job(copy: dict, namespace: str, image: str, uid: int, gid: int, shm: str,
-        mapping: str | None = None) -> dict:
+def job(copy: UpCopy, namespace: str, image: str, uid: int, gid: int, shm: str,
+        mapping: str | None = None) -> dict[str, Any]:
     """The example Job. With `mapping` (the host's mapping file), its folder is mounted
     read-only from the host so that data_root() can tell a stale view (view=fresh/stale
     instead of unknown); that takes a hostPath volume, which the restricted Pod Security
@@ -188,11 +190,11 @@ def job(copy: dict, namespace: str, image: str, uid: int, gid: int, shm: str,
     return spec
 
 
-def manifests(rows: list[StatusRow], caches: dict, *, node: str | None = None,
+def manifests(rows: list[StatusRow], caches: dict[str, CacheEntry], *, node: str | None = None,
               dataset: str | None = None, namespace: str = "default",
               image: str = DEFAULT_IMAGE, uid: int = 1000, gid: int = 1000,
               shm: str = "8Gi", sc: str = DEFAULT_STORAGE_CLASS,
-              mapping: str | None = None) -> list[dict]:
+              mapping: str | None = None) -> list[dict[str, Any]]:
     """Every object, in the order kubectl should create them."""
     if uid <= 0 or gid < 0:
         raise UsageError(f"--uid {uid} / --gid {gid}: the job must run as a non-root user",
@@ -210,7 +212,7 @@ def manifests(rows: list[StatusRow], caches: dict, *, node: str | None = None,
                                   "verifies one")
     docs = [storage_class(sc)]
     docs += [volume(c, node, sc) for c in copies]
-    versions: dict[tuple[str, str], dict] = {}
+    versions: dict[tuple[str, str], UpCopy] = {}
     for c in copies:
         versions.setdefault((c["name"], str(c["version"])), c)
     for c in versions.values():
@@ -218,6 +220,6 @@ def manifests(rows: list[StatusRow], caches: dict, *, node: str | None = None,
     return docs
 
 
-def to_yaml(docs: list[dict]) -> str:
+def to_yaml(docs: list[dict[str, Any]]) -> str:
     return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False,
                               explicit_start=True)

@@ -18,8 +18,9 @@ import datetime as dt
 import os
 import re
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
 
 from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
@@ -35,6 +36,8 @@ from hotcache.provision.system.atomic import write_atomic
 from hotcache.provision.system.runner import Runner
 
 if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
     from hotcache.provision.engine.statusrow import StatusRow
     from hotcache.provision.backends.parts.stats import CacheStats
 
@@ -57,7 +60,7 @@ STAT_COUNTERS = {
 }
 
 
-def _number(value) -> float | None:
+def _number(value: Any) -> float | None:
     if isinstance(value, bool) or value is None:
         return None
     try:
@@ -66,7 +69,7 @@ def _number(value) -> float | None:
         return None
 
 
-def _timestamp(value) -> float | None:
+def _timestamp(value: Any) -> float | None:
     """ISO 8601 text (what hotcache writes) or epoch seconds -> epoch seconds."""
     number = _number(value)
     if number is not None:
@@ -84,23 +87,42 @@ def _timestamp(value) -> float | None:
 
 # --- hot copies ------------------------------------------------------------------------
 
-def hot_copies(entry: CacheEntry | None, mounted: bool) -> list[dict]:
+# A copy's version, as the mapping records it (records.HotCopy) or its metadata says.
+Version = str | int | float | None
+
+
+class CopyRow(TypedDict):
+    """One hot copy on a cache, as `hot_copies` reports it."""
+    path: str
+    state: hotcopy_format.CopyState
+    name: str
+    version: Version
+    present: bool
+    files: float | None
+    bytes: float | None
+    verified_at: float | None       # Unix time
+    verify_ok: bool | None
+    recorded: bool
+    verified: bool
+
+
+def hot_copies(entry: CacheEntry | None, mounted: bool) -> list[CopyRow]:
     """The hot copies on one cache: those its mapping entry records (`hot_copies`, keyed
     by path), plus those found one or two folders below its mountpoint. Numbers come from
     each copy's own metadata file; a recorded copy that is gone is reported with
     present=False."""
-    found: dict[str, dict] = {}
+    found: dict[str, dict[str, Any]] = {}
     for path, copy in ((entry and entry.hot_copies) or {}).items():
         if os.path.isabs(path):
             found[os.path.normpath(path)] = {"name": None, **copy.dump(), "recorded": True}
     mp = entry and entry.filesystem.mountpoint
     if mounted and mp:
-        for path in _scan(Path(mp)):
-            found.setdefault(str(path), {"recorded": False})
+        for folder in _scan(Path(mp)):
+            found.setdefault(str(folder), {"recorded": False})
     return [_copy_row(path, info) for path, info in sorted(found.items())]
 
 
-def _still_recorded(path: str, info: dict) -> bool:
+def _still_recorded(path: str, info: dict[str, Any]) -> bool:
     """The copy the mapping records is the folder at `path` now: hotcache recorded it
     (anyone in a shared folder can write a metadata file saying verify_ok) and, where
     the record has its inode, it is still that folder with that owner."""
@@ -115,7 +137,7 @@ def _still_recorded(path: str, info: dict) -> bool:
     return (st.st_dev, st.st_ino, st.st_uid) == (info.get("dev"), info["inode"], info.get("uid"))
 
 
-def _scan(root: Path, depth: int = 2):
+def _scan(root: Path, depth: int = 2) -> Iterator[Path]:
     """Folders holding a hot-copy metadata file, at most `depth` levels below `root`;
     a hot copy's own folders are not searched (they can hold millions of files)."""
     try:
@@ -134,7 +156,7 @@ def _scan(root: Path, depth: int = 2):
             yield from _scan(path, depth - 1)
 
 
-def _copy_row(path: str, info: dict) -> dict:
+def _copy_row(path: str, info: dict[str, Any]) -> CopyRow:
     recorded = _still_recorded(path, info)
     state, meta = hotcopy_format.copy_state(Path(path))
     src = meta if meta is not None else info
@@ -166,14 +188,15 @@ def _copy_row(path: str, info: dict) -> dict:
 class StatusCollector:
     """Turns status rows (provision/status.py) into metric families."""
 
-    def __init__(self, rows: list[StatusRow], entries: dict, now: float | None = None):
+    def __init__(self, rows: list[StatusRow], entries: dict[str, CacheEntry],
+                 now: float | None = None) -> None:
         self.rows, self.entries = rows, entries
         self.now = time.time() if now is None else now
 
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # no fixed description: families depend on what the backends report
 
-    def collect(self):
+    def collect(self) -> list[Metric]:
         g = _Families()
         g.gauge("caches", "Caches recorded in the hotcache mapping.", []).add_metric([], len(self.rows))
         g.gauge("metrics_refresh_timestamp_seconds",
@@ -282,7 +305,7 @@ class StatusCollector:
                     "(unused, clean, dirty, metadata), from priority_stats.",
                     ["cache", "state"]).add_metric([name, state], percent / 100)
 
-    def _copy(self, g: "_Families", cache: str, copy: dict) -> None:
+    def _copy(self, g: "_Families", cache: str, copy: CopyRow) -> None:
         labels = ["cache", "copy", "path"]
         values = [cache, copy["name"], copy["path"]]
         g.gauge("hot_copy_present", "1 when the hot copy is there and complete, else 0.",
@@ -291,10 +314,10 @@ class StatusCollector:
             g.gauge("hot_copy_verify_ok", "1 when the hot copy's last verification passed, 0 "
                     "when it failed or the copy is gone (absent: never verified).",
                     labels).add_metric(values, int(copy["verify_ok"]))
-        for key, metric, help_ in (("files", "hot_copy_files", "Files in the hot copy."),
-                                   ("bytes", "hot_copy_bytes", "Bytes in the hot copy.")):
-            if copy[key] is not None:
-                g.gauge(metric, help_, labels).add_metric(values, copy[key])
+        for count, metric, help_ in ((copy["files"], "hot_copy_files", "Files in the hot copy."),
+                                     (copy["bytes"], "hot_copy_bytes", "Bytes in the hot copy.")):
+            if count is not None:
+                g.gauge(metric, help_, labels).add_metric(values, count)
         if copy["present"]:
             # Never verified counts as verified at the epoch, so the too-old alert fires.
             verified = copy["verified_at"] or 0.0
@@ -305,33 +328,37 @@ class StatusCollector:
                         values, max(0.0, self.now - verified))
 
 
+_Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily, InfoMetricFamily)
+
+
 class _Families:
     """One family per metric name, created on first use, all prefixed `hotcache_`."""
 
-    def __init__(self):
-        self._by_name: dict[str, object] = {}
+    def __init__(self) -> None:
+        self._by_name: dict[str, Metric] = {}
 
-    def _get(self, cls, name: str, help_: str, labels: list[str]):
+    def _get(self, cls: type[_Family], name: str, help_: str, labels: list[str]) -> _Family:
         full = f"hotcache_{name}"
         if full not in self._by_name:
             self._by_name[full] = cls(full, help_, labels=labels)
-        return self._by_name[full]
+        # each name is asked for as one kind of family only, so it is the kind created
+        return cast(_Family, self._by_name[full])
 
-    def gauge(self, name, help_, labels):
+    def gauge(self, name: str, help_: str, labels: list[str]) -> GaugeMetricFamily:
         return self._get(GaugeMetricFamily, name, help_, labels)
 
-    def counter(self, name, help_, labels):
+    def counter(self, name: str, help_: str, labels: list[str]) -> CounterMetricFamily:
         return self._get(CounterMetricFamily, name, help_, labels)
 
-    def info(self, name, help_, labels):
+    def info(self, name: str, help_: str, labels: list[str]) -> InfoMetricFamily:
         return self._get(InfoMetricFamily, name, help_, labels)
 
-    def all(self):
+    def all(self) -> list[Metric]:
         return list(self._by_name.values())
 
 
 def registry_for(rows: list[StatusRow], state: Path, now: float | None = None,
-                 caches: dict | None = None) -> CollectorRegistry:
+                 caches: dict[str, CacheEntry] | None = None) -> CollectorRegistry:
     """`caches`: the mapping's entries, when the caller has loaded them already."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(StatusCollector(rows, caches if caches is not None
@@ -339,8 +366,8 @@ def registry_for(rows: list[StatusRow], state: Path, now: float | None = None,
     return reg
 
 
-def write_textfile(path: str | os.PathLike, rows: list[StatusRow], state: Path,
-                   caches: dict | None = None) -> None:
+def write_textfile(path: str | os.PathLike[str], rows: list[StatusRow], state: Path,
+                   caches: dict[str, CacheEntry] | None = None) -> None:
     """Write the metrics to `path` atomically (an O_EXCL temp file in the same folder,
     then rename), never through a name planted in that folder."""
     write_atomic(path, generate_latest(registry_for(rows, state, caches=caches)).decode())
@@ -394,8 +421,18 @@ def timer_units(hotcache: str, textfile: str, interval: str, environment: dict[s
     return {f"{UNIT}.service": service, f"{UNIT}.timer": timer}
 
 
-def install_timer(unit_dir: Path, units: dict[str, str] | None, runner, *,
-                  check: bool = False) -> dict:
+class TimerInstall(TypedDict):
+    """What `install_timer` did (or, with check, would do)."""
+    changed: bool
+    files: list[str]
+    enabled: bool
+    unit_dir: str
+    notes: list[str]
+    check: bool
+
+
+def install_timer(unit_dir: Path, units: dict[str, str] | None, runner: Runner, *,
+                  check: bool = False) -> TimerInstall:
     """Write (or with units=None remove) the units; with systemd running and the real unit
     folder, also reload systemd and enable (or disable) the timer. Idempotent: reports
     `changed` only when a file was written or removed. check=True changes nothing."""
@@ -416,7 +453,7 @@ def install_timer(unit_dir: Path, units: dict[str, str] | None, runner, *,
             write_atomic(path, want)
     live = Path("/run/systemd/system").is_dir() and \
         os.path.realpath(unit_dir) == os.path.realpath(DEFAULT_UNIT_DIR)
-    notes = []
+    notes: list[str] = []
     if changed and not check and live:
         if units is None:
             runner.run(["systemctl", "disable", "--now", f"{UNIT}.timer"], check=False)

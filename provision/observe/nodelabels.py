@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING
 from hotcache.provision import mapping
 from hotcache.provision.backends import PLAIN
 from hotcache.provision.errors import HotcacheError
-from hotcache.provision.observe.metrics import hot_copies
+from hotcache.provision.observe.metrics import CopyRow, Version, hot_copies
+from hotcache.provision.records import CacheEntry
 from hotcache.provision.system.atomic import write_atomic
 
 if TYPE_CHECKING:
@@ -72,7 +73,7 @@ def value(text: str) -> str:
     return text.strip("-_.")
 
 
-def copy_label(name: str, version) -> str:
+def copy_label(name: str, version: Version) -> str:
     """The label of a verified hot copy of dataset `name` at `version`: the name part is
     `ds-<name>_<version>` (`_` appears in neither slug, so it splits them unambiguously)."""
     return f"{PREFIX}/ds-{slug(name)}_{slug(str(version if version is not None else 'none'), dots=True, limit=18)}"
@@ -93,7 +94,13 @@ def is_up(row: StatusRow) -> bool:
         not NOT_SERVING & {f["code"] for f in row.get("findings", [])}
 
 
-def up_copies(rows: list[StatusRow], caches: dict) -> list[dict]:
+class UpCopy(CopyRow):
+    """A hot copy on a cache that is up, with that cache and its backend."""
+    cache: str
+    backend: str
+
+
+def up_copies(rows: list[StatusRow], caches: dict[str, CacheEntry]) -> list[UpCopy]:
     """Every hot copy on the caches that are up, each with its `cache` and `backend`:
     read once, for callers that sort them (`rows` are `hotcache status` rows, `caches`
     the mapping's entries)."""
@@ -101,15 +108,15 @@ def up_copies(rows: list[StatusRow], caches: dict) -> list[dict]:
             for row in filter(is_up, rows) for copy in hot_copies(caches.get(row["name"]), True)]
 
 
-def verified_copies(rows: list[StatusRow], caches: dict,
-                    listed: list[dict] | None = None) -> list[dict]:
+def verified_copies(rows: list[StatusRow], caches: dict[str, CacheEntry],
+                    listed: list[UpCopy] | None = None) -> list[UpCopy]:
     """The hot copies on caches that are up which are present, complete, and whose last
     verification passed, recorded by hotcache and still that folder. `listed`: what
     `up_copies` returned, when the caller has it already."""
     return [c for c in (up_copies(rows, caches) if listed is None else listed) if c["verified"]]
 
 
-def labels(rows: list[StatusRow], caches: dict) -> dict[str, str]:
+def labels(rows: list[StatusRow], caches: dict[str, CacheEntry]) -> dict[str, str]:
     """{label: value} for the caches that are up and the verified hot copies on them."""
     out: dict[str, str] = {}
     for row in filter(is_up, rows):
@@ -145,7 +152,7 @@ def feature_file(found: dict[str, str], now: dt.datetime | None = None,
 
 def write(path: str | Path, rows: list[StatusRow], state: Path,
           expiry_seconds: int = DEFAULT_EXPIRY_SECONDS,
-          caches: dict | None = None) -> dict[str, str]:
+          caches: dict[str, CacheEntry] | None = None) -> dict[str, str]:
     """Write the feature file atomically; returns the labels written. `caches`: the
     mapping's entries, when the caller has loaded them already."""
     found = labels(rows, caches if caches is not None else mapping.load(state)["caches"])

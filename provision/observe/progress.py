@@ -21,10 +21,15 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hotcache.provision.system.atomic import write_atomic
 from hotcache.provision.system.meter import NullMeter
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 ENV_DIR = "HOTCACHE_METRICS_DIR"
 DEFAULT_DIR = "/var/lib/prometheus/node-exporter"
@@ -32,7 +37,7 @@ INTERVAL = 5.0
 LABELS = ["operation", "path", "phase"]
 
 
-def metrics_dir(option: str | os.PathLike | None) -> Path | None:
+def metrics_dir(option: str | os.PathLike[str] | None) -> Path | None:
     """Where progress goes: the option, else $HOTCACHE_METRICS_DIR (empty: nowhere), else
     node_exporter's textfile folder when this user can write there, else nowhere."""
     if option is not None:
@@ -83,7 +88,8 @@ class TextfileMeter(NullMeter):
     """Counts what `inner` (the terminal's meter) is told and publishes it as metrics."""
 
     def __init__(self, inner: NullMeter, file: Path, operation: str, path: Path,
-                 interval: float = INTERVAL, clock=time.monotonic):
+                 interval: float = INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.inner, self.file, self.interval, self.clock = inner, file, interval, clock
         self.labels = [operation, str(path), ""]
         self.lock = threading.Lock()
@@ -121,7 +127,7 @@ class TextfileMeter(NullMeter):
         self._write(force=True)
         self.inner.stop()
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         # prometheus_client is imported only where metrics are written: a copy or warm
         # without a metrics folder starts faster (it and its http/email modules: ~45 ms)
         from prometheus_client.core import GaugeMetricFamily

@@ -20,8 +20,10 @@ checked against the live folders.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from hotcache.provision.errors import HotcacheError, UsageError
 from hotcache.provision.observe import verified_index
@@ -29,6 +31,9 @@ from hotcache.provision.system.statepath import state_path
 
 if TYPE_CHECKING:
     from hotcache.provision.engine.statusrow import StatusRow
+    from hotcache.provision.observe.metrics import Version
+    from hotcache.provision.records import CacheEntry
+    from hotcache.provision.system.runner import Runner
 
 PREFIX = "hc_"
 MAX_FEATURE = 60
@@ -36,7 +41,7 @@ _NAME = re.compile(r"[A-Za-z0-9]+")
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9.]*")
 
 
-def _part(text: str, pattern: re.Pattern, drop: str, limit: int) -> str:
+def _part(text: str, pattern: re.Pattern[str], drop: str, limit: int) -> str:
     if pattern.fullmatch(text) and len(text) <= limit:
         return text
     clean = re.sub(drop, "", text)[: limit - 9]
@@ -44,24 +49,37 @@ def _part(text: str, pattern: re.Pattern, drop: str, limit: int) -> str:
     return f"{clean}x{digest}" if clean else f"x{digest}"
 
 
-def feature_name(name: str, version) -> str:
+def feature_name(name: str, version: Version) -> str:
     """The Slurm feature of a verified hot copy of `name` at `version`."""
-    version = "none" if version is None else str(version)
+    text = "none" if version is None else str(version)
     return (f"{PREFIX}{_part(str(name), _NAME, r'[^A-Za-z0-9]', 32)}_"
-            f"{_part(version, _VERSION, r'[^A-Za-z0-9.]', 20)}")
+            f"{_part(text, _VERSION, r'[^A-Za-z0-9.]', 20)}")
 
 
-def features(rows: list[StatusRow], caches: dict) -> list[dict]:
+class Feature(TypedDict):
+    """A verified hot copy as a Slurm feature, with what a TaskProlog exports for it."""
+    feature: str
+    name: str
+    version: Version
+    path: str
+    cache: str | None
+    source: str | None
+    partial: bool
+
+
+def features(rows: list[StatusRow], caches: dict[str, CacheEntry]) -> list[Feature]:
     """One entry per verified hot copy: its feature, dataset, version, path and cache,
     plus `source` and `partial` from the copy's metadata (for DATA_COLD_ROOT)."""
     return from_index(verified_index.entries(rows, caches))
 
 
-def from_index(found: list) -> list[dict]:
-    """The feature entries of verified-copies index entries (verified_index.py)."""
-    out = [{"feature": feature_name(e["name"], e.get("version")), "name": e["name"],
-            "version": e.get("version"), "path": e["path"], "cache": e.get("cache"),
-            "source": e.get("source"), "partial": bool(e.get("partial"))} for e in found]
+def from_index(found: Sequence[Mapping[str, Any]]) -> list[Feature]:
+    """The feature entries of verified-copies index entries (verified_index.py), as root
+    wrote them (`Entry`) or as a reader found them in the index."""
+    out: list[Feature] = [
+        {"feature": feature_name(e["name"], e.get("version")), "name": e["name"],
+         "version": e.get("version"), "path": e["path"], "cache": e.get("cache"),
+         "source": e.get("source"), "partial": bool(e.get("partial"))} for e in found]
     return sorted(out, key=lambda f: (f["feature"], f["path"]))
 
 
@@ -104,7 +122,7 @@ def constraint_features(expr: str) -> list[str]:
     return [w for w in re.split(r"[&|,\[\]()*:]+", expr) if w and not w.isdigit()]
 
 
-def choose(found: list[dict], wanted: list[str], dataset: str | None) -> dict | None:
+def choose(found: list[Feature], wanted: list[str], dataset: str | None) -> Feature | None:
     """The copy a job asked for: by HOTCACHE_DATASET (`name` or `name@version`, or a
     feature name), else the first of its constraint's features that is ours."""
     if dataset:
@@ -130,7 +148,7 @@ def _value(text: str) -> str:
     return text
 
 
-def task_prolog_lines(copy: dict | None, asked: str | None, why: str = "") -> list[str]:
+def task_prolog_lines(copy: Feature | None, asked: str | None, why: str = "") -> list[str]:
     """What a TaskProlog prints: `export` lines slurmstepd adds to the task's
     environment. With no verified copy for a job that asked for one, DATA_ROOT_EXPECT=hot
     is still set (and DATA_ROOT left unset) so data_root() fails loudly in the job, and
@@ -143,8 +161,9 @@ def task_prolog_lines(copy: dict | None, asked: str | None, why: str = "") -> li
         return [f"print hotcache: {reason}", "unset DATA_ROOT",
                 f"export DATA_ROOT_UNSET_REASON={reason}", "export DATA_ROOT_EXPECT=hot"]
     lines = [f"export DATA_ROOT={_value(copy['path'])}"]
-    if copy.get("partial") and copy.get("source"):
-        lines.append(f"export DATA_COLD_ROOT={_value(copy['source'])}")
+    source = copy.get("source")
+    if copy.get("partial") and source:
+        lines.append(f"export DATA_COLD_ROOT={_value(source)}")
         lines.append("export DATA_ROOT_EXPECT=partial")
     else:
         lines.append("export DATA_ROOT_EXPECT=hot")
@@ -174,8 +193,18 @@ def valid(feature: str) -> bool:
     return bool(_FEATURE.fullmatch(feature))
 
 
-def push(rows: list[StatusRow], caches: dict, node: str | None = None, dry_run: bool = False,
-         runner=None) -> dict:
+class Push(TypedDict):
+    """What `push` set (or, with dry_run, would set) in slurmctld."""
+    node: str
+    features: list[str]
+    available: list[str]
+    active: list[str]
+    argv: list[str]
+    dry_run: bool
+
+
+def push(rows: list[StatusRow], caches: dict[str, CacheEntry], node: str | None = None,
+         dry_run: bool = False, runner: Runner | None = None) -> Push:
     """Set `node`'s hc_ features in slurmctld to the verified hot copies now (`scontrol
     update NodeName=... AvailableFeatures=... ActiveFeatures=...`), its other features
     kept. Returns what was (or, with dry_run, would be) set."""
@@ -197,7 +226,7 @@ def push(rows: list[StatusRow], caches: dict, node: str | None = None, dry_run: 
             "argv": argv, "dry_run": dry_run}
 
 
-def job_features(env: dict, runner=None) -> list[str]:
+def job_features(env: Mapping[str, str], runner: Runner | None = None) -> list[str]:
     """hotcache's features in the job's constraint: from SLURM_JOB_CONSTRAINTS where
     slurmstepd set it, else from `scontrol show job` (an unanswered query: none)."""
     expr = env.get("SLURM_JOB_CONSTRAINTS")
@@ -217,7 +246,8 @@ def job_features(env: dict, runner=None) -> list[str]:
     return [f for f in parse_job_features(out) if is_ours(f)]
 
 
-def run_task_prolog(state, env: dict, runner=None, limit: float | None = None) -> list[str]:
+def run_task_prolog(state: str | os.PathLike[str] | None, env: Mapping[str, str],
+                    runner: Runner | None = None, limit: float | None = None) -> list[str]:
     """The TaskProlog's lines for a job with environment `env` (as the job's user): from
     the verified-copies index, checked against the live folders; never a device probe,
     never an error (a job that named its dataset and cannot have it gets the reason)."""

@@ -24,7 +24,7 @@ import os
 import stat
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from hotcache.provision.errors import HotcacheError
 from hotcache.provision.hotcopy.format import read_metadata
@@ -33,6 +33,10 @@ from hotcache.provision.system.clock import now
 
 if TYPE_CHECKING:
     from hotcache.provision.engine.statusrow import StatusRow
+    from hotcache.provision.observe.metrics import Version
+    from hotcache.provision.observe.nodelabels import UpCopy
+    from hotcache.provision.records import CacheEntry
+    from hotcache.provision.system.runner import Runner
 
 NAME = "verified-copies.json"
 KIND = "hotcache-verified-copies"
@@ -43,7 +47,7 @@ CHECK_SECONDS = 2.0        # the most a reader waits for the live checks (a dead
 
 class Entry(TypedDict):
     name: str
-    version: str | None
+    version: Version
     path: str
     cache: str
     backend: str | None
@@ -63,8 +67,8 @@ def path_for(state: Path) -> Path:
     return Path(state).with_name(NAME)
 
 
-def entries(rows: list[StatusRow], caches: dict,
-            listed: list[dict] | None = None) -> list[Entry]:
+def entries(rows: list[StatusRow], caches: dict[str, CacheEntry],
+            listed: list[UpCopy] | None = None) -> list[Entry]:
     """An entry for each copy `nodelabels.verified_copies` counts (on a cache that is up,
     recorded by hotcache and still that folder, last verification passed), described as
     the folder is now. `listed`: `nodelabels.up_copies`, when the caller has it."""
@@ -97,8 +101,16 @@ def entries(rows: list[StatusRow], caches: dict,
     return sorted(out, key=lambda e: e["path"])
 
 
-def unverified(rows: list[StatusRow], caches: dict,
-               listed: list[dict] | None = None) -> list[dict]:
+class Unverified(TypedDict):
+    """A hot copy on a cache that is up which jobs are not offered, and why."""
+    name: str
+    version: Version
+    path: str
+    state: str
+
+
+def unverified(rows: list[StatusRow], caches: dict[str, CacheEntry],
+               listed: list[UpCopy] | None = None) -> list[Unverified]:
     """The other hot copies on caches that are up, with what they lack (failed
     verification, never verified, not recorded by hotcache): a job that asks for one
     is told why it gets no DATA_ROOT. `listed`: `nodelabels.up_copies`, when the caller
@@ -106,7 +118,7 @@ def unverified(rows: list[StatusRow], caches: dict,
     # root's side, kept out of the TaskProlog's start-up (it imports this module to read)
     from hotcache.provision.observe.nodelabels import up_copies
 
-    out = []
+    out: list[Unverified] = []
     for copy in up_copies(rows, caches) if listed is None else listed:
         if not copy["verified"]:
             state = str(copy["state"]) if copy["recorded"] or not copy["present"] \
@@ -116,7 +128,7 @@ def unverified(rows: list[StatusRow], caches: dict,
     return sorted(out, key=lambda c: c["path"])
 
 
-def write(state: Path, rows: list[StatusRow], caches: dict) -> Path | None:
+def write(state: Path, rows: list[StatusRow], caches: dict[str, CacheEntry]) -> Path | None:
     """Write the index (root only: nobody else's findings count); returns its path, or
     None when this account is not root."""
     if os.geteuid() != 0:
@@ -145,7 +157,7 @@ def clear(state: Path) -> None:
     write_atomic(path_for(state), json.dumps(doc, indent=1) + "\n", mode=0o644)
 
 
-def read(state: Path) -> tuple[list[dict] | None, str]:
+def read(state: Path) -> tuple[list[dict[str, Any]] | None, str]:
     """The index's entries, or None and why there are none to read."""
     where = path_for(state)
     try:
@@ -158,7 +170,7 @@ def read(state: Path) -> tuple[list[dict] | None, str]:
     if not isinstance(doc, dict) or doc.get("kind") != KIND or doc.get("format") != FORMAT \
             or not isinstance(doc.get("copies"), list):
         return None, f"{where} is not an index hotcache writes"
-    found = [e for e in doc["copies"] if isinstance(e, dict)]
+    found: list[dict[str, Any]] = [e for e in doc["copies"] if isinstance(e, dict)]
     others = doc.get("unverified")
     for o in others if isinstance(others, list) else []:   # what root found wrong with the others, as notes on them
         if isinstance(o, dict):
@@ -167,7 +179,7 @@ def read(state: Path) -> tuple[list[dict] | None, str]:
     return found, ""
 
 
-def stale(entry: dict, mounts: list[mountinfo.Mount]) -> str | None:
+def stale(entry: dict[str, Any], mounts: list[mountinfo.Mount]) -> str | None:
     """Why `entry` no longer holds (None: it does), from stat, mountinfo and metadata."""
     path = entry.get("path")
     if not isinstance(path, str) or not os.path.isabs(path):
@@ -200,11 +212,11 @@ def stale(entry: dict, mounts: list[mountinfo.Mount]) -> str | None:
 Note = tuple[str | None, str]
 
 
-def offered(state: Path, limit: float = CHECK_SECONDS) -> tuple[list[dict], list[Note]]:
+def offered(state: Path, limit: float = CHECK_SECONDS) -> tuple[list[dict[str, Any]], list[Note]]:
     """The index's entries that still hold, and a note (dataset name, why) for each one
     that does not, or (None, why) for an index that cannot be read or did not answer.
     Never longer than about `limit` seconds."""
-    result: dict = {}
+    result: dict[str, tuple[list[dict[str, Any]], list[Note]]] = {}
 
     def check() -> None:
         found, why = read(state)
@@ -216,7 +228,7 @@ def offered(state: Path, limit: float = CHECK_SECONDS) -> tuple[list[dict], list
         except OSError as exc:
             result["out"] = ([], [(None, f"the mount table cannot be read ({exc.strerror})")])
             return
-        good: list[dict] = []
+        good: list[dict[str, Any]] = []
         notes: list[Note] = []
         for entry in found:
             if "unverified" in entry:
@@ -239,7 +251,7 @@ def offered(state: Path, limit: float = CHECK_SECONDS) -> tuple[list[dict], list
     return result["out"]
 
 
-def refresh(state: Path, fstab: Path | None = None, runner=None) -> str | None:
+def refresh(state: Path, fstab: Path | None = None, runner: Runner | None = None) -> str | None:
     """Root, after a command changed what is true: probe the host and rewrite the index.
     Returns a warning when it could not (the index is then emptied: a job gets no
     DATA_ROOT rather than one nobody proved); None otherwise, and for other accounts."""
