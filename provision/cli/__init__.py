@@ -8,6 +8,10 @@ without loading typer (prolog.py); every other command goes through the app."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import typer
 
 
 def main() -> None:
@@ -23,7 +27,7 @@ def main() -> None:
     full()
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> typer.Typer:
     if name == "app":
         from hotcache.provision.cli.app import app   # start-up: typer only when asked for
 

@@ -21,7 +21,7 @@ def restore(
     names: Optional[List[str]] = typer.Argument(None, help="Caches to restore (default: all)."),
     yes: bool = YesOpt, dry_run: bool = DryRunOpt, as_json: bool = JsonOpt,
     state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
-):
+) -> None:
     """Bring the caches in the mapping back after a boot: recreate dm-cache tables,
     register bcache devices, activate LVs, write back the tunables the kernel forgot
     (sequential_cutoff, ...), and mount. It is what the unit `apply` installs runs at

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import typer
 
@@ -21,7 +21,9 @@ from hotcache.provision.system.sizes import size
 from hotcache.provision.system.statepath import state_path
 
 if TYPE_CHECKING:
+    from hotcache.provision.engine.reattach import WaitingRow
     from hotcache.provision.engine.statusrow import StatusRow
+    from hotcache.provision.records import CacheEntry
 
 
 def devices(
@@ -29,7 +31,7 @@ def devices(
     all_: bool = typer.Option(False, "--all", help="Include loop devices that are not attached."),
     backends: bool = typer.Option(False, "--backends",
                                   help="Show which cache backends this host can use."),
-):
+) -> None:
     """List block devices: size, SSD or HDD, model, serial, by-id links, signatures,
     mountpoints, holders, and whether hotcache may use each one."""
     from hotcache.provision.observe.discover import backend_report, discover  # slow to import; loaded only when used
@@ -64,7 +66,7 @@ def plan(
                                        help="A dataset to be cached: compare its size with "
                                             "each cache's fast tier (repeatable)."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
-):
+) -> None:
     """Show what `apply` would do: each step with the exact command it runs. Changes nothing
     (the same as `hotcache apply SPEC --dry-run`).
 
@@ -80,7 +82,7 @@ def plan(
             raise UsageError(f"--dataset {d}: not a folder", hint="give the dataset's folder")
     need_root("plan")
     result = plan_apply(host, make_env(state, fstab, dry_run=True))
-    sizing = []
+    sizing: list[dict[str, Any]] = []
     if dataset:
         from hotcache.provision.engine.workingset import plan_advice  # slow to import; loaded only when used
 
@@ -95,7 +97,7 @@ def apply(
     spec: Path = typer.Argument(..., help="Host spec (YAML); - reads it from stdin."),
     yes: bool = YesOpt, dry_run: bool = DryRunOpt, as_json: bool = JsonOpt,
     state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
-):
+) -> None:
     """Make the host match the spec. Idempotent: a second apply changes nothing, and an
     interrupted apply finishes when run again. Devices with existing signatures are
     refused unless the spec says `wipe: true` for them. --dry-run shows the plan (as
@@ -134,7 +136,7 @@ def status(
         help="Read the cache statistics twice, SECONDS apart, and show promotions against "
              "demotions over that interval (a cache that demotes as fast as it promotes "
              "is thrashing)."),
-):
+) -> None:
     """Compare the mapping with the host: device present, mounted, noatime, filesystem
     UUID, space used, cache statistics. Exits 5 when anything has drifted."""
     from hotcache.provision.mapping import load  # slow to import; loaded only when used
@@ -186,7 +188,8 @@ def _no_such_cache(name: str, path: Path) -> UsageError:
                       hint="`hotcache status` without a name lists them all")
 
 
-def _probe(path: Path, fstab: Optional[Path], name: Optional[str], data) -> list[StatusRow]:
+def _probe(path: Path, fstab: Optional[Path], name: Optional[str],
+           data: dict[str, Any]) -> list[StatusRow]:
     """Each cache's row, as root proves it on the host. When the probe fails for the
     whole host, the verified-copies index goes: what jobs read must not outlive what
     root can still prove."""
@@ -202,7 +205,7 @@ def _probe(path: Path, fstab: Optional[Path], name: Optional[str], data) -> list
         raise
 
 
-def _publish(rows: list[StatusRow], path: Path, caches, *, whole_host: bool,
+def _publish(rows: list[StatusRow], path: Path, caches: dict[str, CacheEntry], *, whole_host: bool,
              prometheus: Optional[Path], node_labels: Optional[Path], slurm_push: bool) -> None:
     """Write what root proved where others read it: the verified-copies index (a status
     of the whole host: the metrics timer), and the outputs the options name."""
@@ -227,7 +230,7 @@ def _publish(rows: list[StatusRow], path: Path, caches, *, whole_host: bool,
         push_features(rows, caches)
 
 
-def _status_lines(rows: list[StatusRow], waiting: list, path: Path) -> list[str]:
+def _status_lines(rows: list[StatusRow], waiting: list[WaitingRow], path: Path) -> list[str]:
     """What status prints (console markup), a line each: the caches waiting for a new
     SSD, then each cache's verdict, its mount, space, statistics, advice and problems."""
     lines = []
@@ -282,7 +285,7 @@ def _records_status(path: Path, name: Optional[str], as_json: bool) -> None:
         c.print(f"  [yellow]not offered[/]: {note}", soft_wrap=True)
 
 
-def _over_interval(rows: list[StatusRow], path, fstab, name,
+def _over_interval(rows: list[StatusRow], path: Path, fstab: Optional[Path], name: Optional[str],
                    seconds: float) -> list[StatusRow]:
     """Read the statistics again after `seconds`; churn is judged on the difference."""
     from hotcache.provision.engine.status import host_status, working_set  # slow to import; loaded only when used
@@ -319,7 +322,7 @@ def teardown(
                                                    "SSD only (status names the amount)."),
     dry_run: bool = DryRunOpt, as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
     fstab: Optional[Path] = FstabOpt,
-):
+) -> None:
     """Unmount, flush dirty cache data, dismantle the cache, remove the boot entry, detach
     loop devices and forget it in the mapping. The data stays on the origin device.
 
@@ -353,7 +356,7 @@ def teardown(
     console().print(f"[green]done[/]: {name} is " + ("forgotten" if forget else "down"))
 
 
-def schema():
+def schema() -> None:
     """Print the JSON Schema of the host spec (for editors and CI validation)."""
     from hotcache.provision.engine.spec import json_schema  # slow to import; loaded only when used
 

@@ -12,15 +12,21 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import typer
 
 from hotcache.provision.errors import NotRoot, RefusedError
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.statepath import state_path
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from hotcache.provision.engine.apply import Env
+    from hotcache.provision.plan import Plan, Step
 
 JsonOpt = typer.Option(False, "--json", help="Print a JSON document instead of text.")
 StateOpt = typer.Option(None, "--state", envvar="HOTCACHE_STATE", show_envvar=True,
@@ -55,7 +61,7 @@ def emit(doc: Mapping[str, Any], kind: str | None) -> None:
     sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
 
 
-def console():
+def console() -> Console:
     from rich.console import Console   # start-up: rich only for what is printed with it
     # soft_wrap: a long path is never cut into two lines (piped output is 80 columns wide).
     return Console(highlight=False, soft_wrap=True)
@@ -126,7 +132,7 @@ def need_root(command: str, why: str | None = None, hint: str | None = None) -> 
         raise NotRoot(command, why or "changes block devices and mounts", hint=hint)
 
 
-def make_env(state: Optional[Path], fstab_file: Optional[Path], dry_run: bool = False):
+def make_env(state: Optional[Path], fstab_file: Optional[Path], dry_run: bool = False) -> Env:
     # start-up: the engine (pydantic) and fstab's writer, for the commands that plan
     from hotcache.provision.engine.apply import Env
     from hotcache.provision.system.fstab import fstab_path
@@ -136,7 +142,7 @@ def make_env(state: Optional[Path], fstab_file: Optional[Path], dry_run: bool = 
 
 
 @contextlib.contextmanager
-def holding_state(env, command: str):
+def holding_state(env: Env, command: str) -> Iterator[None]:
     """One lock on the mapping from plan through confirmation to the last step (none for
     a dry run, which writes nothing, not even the lock file)."""
     from hotcache.provision.mapping import holding   # start-up: the mapping's pydantic models
@@ -163,7 +169,7 @@ def confirm(what: str, yes: bool) -> None:
         raise RefusedError(f"{what}: not confirmed; nothing was changed")
 
 
-def show_plan(plan, title: str) -> None:
+def show_plan(plan: Plan, title: str) -> None:
     c = console()
     for name in plan.unchanged:
         c.print(f"[green]{name}[/]: already as specified, nothing to do")
@@ -182,7 +188,7 @@ def show_plan(plan, title: str) -> None:
         c.print(f"{title}: no changes")
 
 
-def dry_run_report(result, title: str, as_json: bool) -> None:
+def dry_run_report(result: Plan, title: str, as_json: bool) -> None:
     """What --dry-run prints: the plan, and nothing run."""
     if as_json:
         return emit({"changed": False, "dry_run": True, **result.to_json()}, title)
@@ -192,7 +198,7 @@ def dry_run_report(result, title: str, as_json: bool) -> None:
                         f"these {len(result.steps)} changes")
 
 
-def carry_out(result, env, title: str, *, yes: bool, as_json: bool, done: str,
+def carry_out(result: Plan, env: Env, title: str, *, yes: bool, as_json: bool, done: str,
               dry_run: bool = False) -> None:
     """Show a plan, confirm it, run it with progress, report (apply, restore)."""
     if dry_run:
@@ -210,7 +216,7 @@ def carry_out(result, env, title: str, *, yes: bool, as_json: bool, done: str,
     console().print(f"[green]done[/]: {len(result.steps)} steps {done}")
 
 
-def run_steps(result, env, quiet: bool) -> None:
+def run_steps(result: Plan, env: Env, quiet: bool) -> None:
     from hotcache.provision.engine.apply import execute   # start-up: the engine, for plans only
 
     if quiet or not sys.stderr.isatty():
@@ -222,7 +228,7 @@ def run_steps(result, env, quiet: bool) -> None:
     with Progress(transient=True, console=Console(stderr=True)) as bar:
         task = bar.add_task("applying", total=len(result.steps))
 
-        def tick(i, step):
+        def tick(i: int, step: Step) -> None:
             bar.update(task, completed=i, description=step.summary[:60])
 
         execute(result, env.runner, tick)

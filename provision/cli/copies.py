@@ -12,7 +12,7 @@ import typer
 from hotcache.provision.cli.common import (JobsOpt, JsonOpt, StateOpt, console, emit, preload,
                                            print_table, refresh_index)
 from hotcache.provision.errors import DriftError, ExitCode, UsageError
-from hotcache.provision.system.meter import for_terminal
+from hotcache.provision.system.meter import NullMeter, for_terminal
 from hotcache.provision.system.sizes import size
 MetricsDirOpt = typer.Option(
     None, "--metrics-dir", envvar="HOTCACHE_METRICS_DIR", show_envvar=True, metavar="DIR",
@@ -22,7 +22,7 @@ MetricsDirOpt = typer.Option(
 
 
 def _meter(metrics_dir: Optional[Path] = None, operation: str = "",
-           path: Optional[Path] = None):
+           path: Optional[Path] = None) -> NullMeter:
     """Progress on stderr, with --json too (stdout carries only the document): a bar on
     a terminal, a line per interval elsewhere; and as metrics while running."""
     meter = for_terminal()
@@ -86,7 +86,7 @@ def copy(
     dry_run: bool = typer.Option(False, "--dry-run", help="Say which files would be copied "
                                  "and whether they fit, and copy nothing."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
-):
+) -> None:
     """Copy (part of) a dataset to the fast tier as a verified hot copy.
 
     Files are hashed while they are copied, into a staging folder next to DEST, made
@@ -147,7 +147,7 @@ def verify(
                                          help="Also hash N files picked at random."),
     full: bool = typer.Option(False, "--full", help="Also hash every file."),
     jobs: int = JobsOpt, as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
-):
+) -> None:
     """Check a hot copy against its manifest; print each mismatch by path. Exits 5 when
     anything differs, and records the result (verified_at, verify_ok) in the copy."""
     from hotcache.provision.hotcopy.verify import verify as do_verify   # start-up: this command only
@@ -189,7 +189,7 @@ def warm(
              "that order, into the page cache."),
     jobs: int = JobsOpt, as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
     metrics_dir: Optional[Path] = MetricsDirOpt,
-):
+) -> None:
     """Read every file (in parallel) so that training finds it cached. With a hotcache
     block cache behind PATH, passes reach the device and the hit ratio and cache use
     are shown before and after, and PATH is read again until a pass's reads hit the cache
@@ -224,7 +224,7 @@ def copies(
     roots: List[Path] = typer.Argument(None, help="Folders to look in as well (e.g. the SSD "
                                                   "mount) [default: only the mapping]."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
-):
+) -> None:
     """List hot copies: name, version, path, files, bytes, last verified and state."""
     from hotcache.provision.hotcopy.catalog import find   # start-up: the mapping's pydantic models
 
@@ -260,7 +260,7 @@ def prune(
     dry_run: bool = typer.Option(False, "--dry-run", help="Only list, even with --yes "
                                  "(what prune does without --yes)."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
-):
+) -> None:
     """Remove what the fast tier no longer needs: old versions of hot copies beyond
     --keep, abandoned staging folders, copies whose source is gone, and stale tf.data
     caches. Lists what it would delete and the bytes freed; --yes deletes exactly that.
@@ -315,6 +315,6 @@ def prune(
              + ("" if yes else "; run again with --yes to delete them"))
 
 
-def register(app) -> None:
+def register(app: typer.Typer) -> None:
     for command in (copy, verify, warm, copies, prune):
         app.command()(command)

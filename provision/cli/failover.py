@@ -27,7 +27,7 @@ def failover(
     interval: float = typer.Option(1.0, "--interval", min=0.1,
                                    help="Seconds between two looks with --watch."),
     dry_run: bool = DryRunOpt, as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
-):
+) -> None:
     """Look at each dm-cache and lvmcache as the kernel reports it and, where the kernel
     stopped using the SSD and no dirty block is on it (writethrough, passthrough, or a
     dirty count of zero), switch the cache in place to a linear mapping of its origin:

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from hotcache.provision.cli.common import FstabOpt, JsonOpt, StateOpt, emit
 from hotcache.provision.system.runner import Runner
 from hotcache.provision.system.statepath import state_path
+
+if TYPE_CHECKING:
+    from hotcache.provision.engine.statusrow import StatusRow
+    from hotcache.provision.records import CacheEntry
 
 kube_app = typer.Typer(
     help="Send training jobs to the nodes that hold their hot data.\n\n"
@@ -24,7 +28,8 @@ kube_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None)
 
 
-def _host(state: Optional[Path], fstab: Optional[Path]):
+def _host(state: Optional[Path],
+          fstab: Optional[Path]) -> tuple[list[StatusRow], dict[str, CacheEntry], Path]:
     # start-up: the host probe and the mapping's pydantic models, for these commands only
     from hotcache.provision.engine.status import host_status
     from hotcache.provision.mapping import load
@@ -43,7 +48,7 @@ def labels(
                                     "was written unless it is refreshed."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
     fstab: Optional[Path] = FstabOpt,
-):
+) -> None:
     """The node labels for this host, as a node-feature-discovery local feature file:
     `ds-<dataset>_<version>=verified` for each verified hot copy and
     `cache-<name>=<backend>` (plus `.mode`) for each cache that is up, under
@@ -91,7 +96,7 @@ def manifests(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON `List` object "
                                  "(kubectl takes it too) instead of YAML."),
     state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt,
-):
+) -> None:
     """Print Kubernetes objects for this host's verified hot copies, for `kubectl apply
     -f -`: a StorageClass (no provisioner, WaitForFirstConsumer), one local
     PersistentVolume per copy bound to this node, and per dataset version a claim and
@@ -113,7 +118,7 @@ def manifests(
     sys.stdout.write(kube.to_yaml(docs))
 
 
-def register(app) -> None:
+def register(app: typer.Typer) -> None:
     kube_app.command("labels")(labels)
     kube_app.command("manifests")(manifests)
     app.add_typer(kube_app, name="kube")

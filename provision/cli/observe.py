@@ -27,7 +27,7 @@ def doctor(
                                    help="Below this share of free space a cache is a problem."),
     max_age: float = typer.Option(7.0, "--max-verify-age-days", min=0,
                                   help="Warn about hot copies verified longer ago."),
-):
+) -> None:
     """Look the host over and say how to fix each thing found: kernel support for each
     backend, required programs, `nofail` on every boot mount of a cache, boot-time
     restore of bcache tunables and dm-cache tables, drift between the mapping and the
@@ -81,7 +81,7 @@ def metrics_timer(
     check: bool = typer.Option(False, "--check", hidden=True, help="Old name of --dry-run."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
     fstab: Optional[Path] = FstabOpt,
-):
+) -> None:
     """Install a systemd service and timer that run `hotcache status --prometheus FILE`
     every --interval, for node_exporter's textfile collector
     (--collector.textfile.directory), and with --node-labels the node labels that
@@ -113,6 +113,6 @@ def metrics_timer(
     sys.stdout.write(msg + "\n" + "".join(f"note: {n}\n" for n in doc["notes"]))
 
 
-def register(app) -> None:
+def register(app: typer.Typer) -> None:
     app.command()(doctor)
     app.command("metrics-timer")(metrics_timer)

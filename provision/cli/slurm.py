@@ -53,7 +53,7 @@ def _found(state: Optional[Path], fstab: Optional[Path]) -> list[Feature]:
 
 
 def features(as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
-             fstab: Optional[Path] = FstabOpt):
+             fstab: Optional[Path] = FstabOpt) -> None:
     """One Slurm feature a line, one per verified hot copy on this node; nothing for a
     copy that failed verification, is incomplete or is gone. The node_features/helpers
     plugin runs this (through `hotcache slurm helpers-conf`'s Helper line)."""
@@ -71,7 +71,7 @@ def helpers_conf(helper: str = typer.Option(
                                         help="Also list this feature (one this node may "
                                              "hold later); repeat for more."),
         as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
-        fstab: Optional[Path] = FstabOpt):
+        fstab: Optional[Path] = FstabOpt) -> None:
     """helpers.conf lines, one `Feature=... Helper=...` per verified hot copy now on this
     node plus each --feature. Slurm reads helpers.conf only when slurmd starts, so a
     feature must be listed there before slurmd can report it."""
@@ -93,7 +93,7 @@ def push(node: Optional[str] = NodeOpt,
          dry_run: bool = typer.Option(False, "--dry-run", help="Print the scontrol command "
                                       "without running it."),
          as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
-         fstab: Optional[Path] = FstabOpt):
+         fstab: Optional[Path] = FstabOpt) -> None:
     """Set this node's hotcache features in slurmctld with `scontrol update NodeName=...
     AvailableFeatures=... ActiveFeatures=...`: the node's other features are kept, its
     hc_ features replaced by the verified hot copies now. For clusters without the
@@ -112,7 +112,7 @@ def push(node: Optional[str] = NodeOpt,
     sys.stdout.write(" ".join(doc["argv"]) + "\n")
 
 
-def task_prolog(state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt):
+def task_prolog(state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabOpt) -> None:
     """Slurm's TaskProlog, run as the job's user: for a job that names its dataset
     (HOTCACHE_DATASET=name or name@version in its environment, or a --constraint with a
     hotcache feature), print `export DATA_ROOT=<the verified hot copy>` and `export
@@ -127,7 +127,7 @@ def task_prolog(state: Optional[Path] = StateOpt, fstab: Optional[Path] = FstabO
     sys.stdout.write("".join(line + "\n" for line in run_task_prolog(state, dict(os.environ))))
 
 
-def register(app) -> None:
+def register(app: typer.Typer) -> None:
     slurm_app.command("features")(features)
     slurm_app.command("helpers-conf")(helpers_conf)
     slurm_app.command("push")(push)
