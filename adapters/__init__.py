@@ -12,7 +12,7 @@ importing this package imports neither torch nor TensorFlow (nor typer, pyudev, 
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .dataroot import DataRoot, HotCopy, data_root
 from .retry import read_bytes
@@ -33,7 +33,7 @@ __all__ = ["DataRoot", "HotCopy", "data_root", "read_bytes", "BatchTimer", "Summ
            "make_loader", "ImageFolderDataset", "make_dataset", "DataWaitCallback", "DataWaitMonitor"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,7 @@ import fcntl
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from hotcache.provision.system import mountinfo
 
@@ -46,7 +47,7 @@ class Backing:
     # this process can read.
     cache_failed: str | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -17,8 +17,10 @@ import json
 import os
 import sys
 from dataclasses import asdict, dataclass
+from collections.abc import Iterable
 from pathlib import Path
 from time import perf_counter, sleep
+from typing import Any
 
 from hotcache.provision.errors import ExitCode, HotcacheError
 
@@ -45,7 +47,7 @@ class Run:
     samples_per_s: float
     timing: Summary
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "timing": self.timing.to_dict()}
 
 
@@ -55,7 +57,7 @@ def drop_page_cache() -> None:
     DROP_CACHES.write_text("3\n")
 
 
-def simulate(batches, *, step_s: float = 0.0, limit: int | None = None,
+def simulate(batches: Iterable[Any], *, step_s: float = 0.0, limit: int | None = None,
              label: str = "run") -> tuple[int, int, float, float, Summary]:
     """Iterate `batches` (each `(samples, labels, ...)`), sleeping `step_s` per batch;
     returns (batches, samples, wall seconds, seconds spent in steps, timing summary).
@@ -80,7 +82,7 @@ def simulate(batches, *, step_s: float = 0.0, limit: int | None = None,
 
 
 def build(loader: str, root: Path, *, batch_size: int, image_size: int, workers: int | None,
-          seed: int = 0):
+          seed: int = 0) -> Iterable[Any]:
     """The adapter's loader over `root`, with the same settings whichever root it is."""
     size = (image_size, image_size)
     # only the framework asked for: importing torch or TensorFlow takes seconds
@@ -91,7 +93,9 @@ def build(loader: str, root: Path, *, batch_size: int, image_size: int, workers:
                            seed=seed, log_every=0)
     from .tfdata import make_dataset
 
-    return make_dataset(root, batch_size=batch_size, image_size=size, seed=seed)
+    dataset: Iterable[Any] = make_dataset(root, batch_size=batch_size, image_size=size,
+                                          seed=seed)    # a tf.data.Dataset: Any to mypy
+    return dataset
 
 
 def run_root(label: str, root: str | Path, *, loader: str = "torch", batch_size: int = 32,
@@ -112,8 +116,12 @@ def run_root(label: str, root: str | Path, *, loader: str = "torch", batch_size:
 
 
 def table(runs: list[Run]) -> str:
-    ms = lambda s: "n/a" if s is None else f"{s * 1e3:.2f} ms"  # noqa: E731
-    pct = lambda x: "n/a" if x is None else f"{x:.1%}"  # noqa: E731
+    def ms(s: float | None) -> str:
+        return "n/a" if s is None else f"{s * 1e3:.2f} ms"
+
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.1%}"
+
     rows = [("", *(r.label for r in runs)),
             ("root", *(r.root for r in runs)),
             ("hot copy", *("yes" if r.hot else "no" for r in runs)),

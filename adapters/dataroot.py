@@ -30,6 +30,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from .errors import DataRootError
 from hotcache.provision.hotcopy.format import STAGING_SUFFIX, CopyState, copy_state, staging_dir
@@ -85,7 +86,7 @@ class HotCopy:
 
 
 @dataclass(frozen=True)
-class DataRoot(os.PathLike):
+class DataRoot(os.PathLike[str]):
     """The data root a job reads, and what it is. `str()`, f-strings and `os.fspath()`
     give the path; `root / "train"` is a Path."""
 
@@ -93,7 +94,7 @@ class DataRoot(os.PathLike):
     source: str                      # "DATA_ROOT" or "default"
     copy: HotCopy
     backing: Backing
-    rank: dict = field(default_factory=dict)
+    rank: dict[str, str] = field(default_factory=dict)
     view: View = field(default_factory=View)
     tiers: Tiers | None = None       # DATA_COLD_ROOT given: the rest is read from there
 
@@ -122,10 +123,10 @@ class DataRoot(os.PathLike):
     def __format__(self, spec: str) -> str:
         return format(str(self.path), spec)
 
-    def __truediv__(self, other) -> Path:
+    def __truediv__(self, other: str | os.PathLike[str]) -> Path:
         return self.path / other
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"event": "data_root", "path": str(self.path), "source": self.source,
                 "hot": self.copy.is_hot, "hot_level": self.hot, "fraction": self.fraction,
                 "cold": str(self.tiers.cold) if self.tiers else None, "copy": asdict(self.copy),
@@ -176,7 +177,7 @@ def hot_copy_at(path: Path) -> HotCopy:
     return HotCopy("cold")
 
 
-def _coverage(meta: dict) -> tuple[bool, float | None]:
+def _coverage(meta: dict[str, Any]) -> tuple[bool, float | None]:
     """Whether a copy holds only part of its source, and which share of its files."""
     sel = meta.get("selection") or {}
     share = sel.get("fraction")
@@ -185,7 +186,7 @@ def _coverage(meta: dict) -> tuple[bool, float | None]:
     return partial, meta.get("fraction")
 
 
-def _resolve(default: str | os.PathLike | None) -> tuple[Path, str]:
+def _resolve(default: str | os.PathLike[str] | None) -> tuple[Path, str]:
     raw = os.environ.get(ENV)
     if raw:
         tried = [f"{ENV}={raw} -> {Path(raw).expanduser().resolve()}"]
@@ -211,8 +212,9 @@ def _resolve(default: str | os.PathLike | None) -> tuple[Path, str]:
     return path, source
 
 
-def _mapping() -> tuple[dict | None, str]:
-    """The host's mapping, if this process can see it: (caches or None, path or why not)."""
+def _mapping() -> tuple[dict[Any, Any] | None, str]:
+    """The host's mapping, if this process can see it: (caches or None, path or why not).
+    The caches are the YAML as read: nothing here checks what its keys hold."""
     path = os.environ.get(ENV_STATE) or DEFAULT_STATE
     try:
         text = Path(path).read_text()
@@ -237,7 +239,7 @@ def check_view(b: Backing) -> View:
     return _view(b)[0]
 
 
-def _view(b: Backing) -> tuple[View, dict | None]:
+def _view(b: Backing) -> tuple[View, dict[Any, Any] | None]:
     """check_view, with the mapping's caches it read (None when it read none, or could
     not): describe() hands them on to _recorded, so one call parses the mapping once."""
     major = (b.devnum or "0:0").split(":")[0]
@@ -250,7 +252,7 @@ def _view(b: Backing) -> tuple[View, dict | None]:
     return _compare(b, caches, where), caches
 
 
-def _compare(b: Backing, caches: dict | None, where: str) -> View:
+def _compare(b: Backing, caches: dict[Any, Any] | None, where: str) -> View:
     """The view, from the mapping's caches (None: not visible, and `where` says why)."""
     if caches is None:
         return View("unknown", where)
@@ -273,8 +275,8 @@ def _compare(b: Backing, caches: dict | None, where: str) -> View:
                            f"mapping {where} records")
 
 
-def describe(path: str | os.PathLike, source: str = "argument",
-             cold: str | os.PathLike | None = None) -> DataRoot:
+def describe(path: str | os.PathLike[str], source: str = "argument",
+             cold: str | os.PathLike[str] | None = None) -> DataRoot:
     """What `path` is (hot copy or not, filesystem, device, cache, whether the view is
     stale), without logging; with `cold`, which of its files the hot copy serves (the
     rest come from `cold`)."""
@@ -288,7 +290,7 @@ def describe(path: str | os.PathLike, source: str = "argument",
     return DataRoot(path, source, copy, backing, rank, view, tiers)
 
 
-def _recorded(copy: HotCopy, view: View, caches: dict | None) -> HotCopy:
+def _recorded(copy: HotCopy, view: View, caches: dict[Any, Any] | None) -> HotCopy:
     """On a cache the host's mapping records (a fresh view), a copy is hot only when the
     mapping records a copy at that folder: the same inode and owner (the paths differ in
     a container). Where the mapping is not visible, the metadata is all there is.
@@ -311,7 +313,7 @@ def _recorded(copy: HotCopy, view: View, caches: dict | None) -> HotCopy:
     return replace(copy, state="unrecorded")
 
 
-def _cold_root(cold: str | os.PathLike | None) -> Path | None:
+def _cold_root(cold: str | os.PathLike[str] | None) -> Path | None:
     raw = os.environ.get(ENV_COLD) or cold
     if not raw:
         return None
@@ -324,8 +326,8 @@ def _cold_root(cold: str | os.PathLike | None) -> Path | None:
     return path
 
 
-def data_root(default: str | os.PathLike | None = None, expect: str | None = None, *,
-              hot: str | os.PathLike | None = None, cold: str | os.PathLike | None = None,
+def data_root(default: str | os.PathLike[str] | None = None, expect: str | None = None, *,
+              hot: str | os.PathLike[str] | None = None, cold: str | os.PathLike[str] | None = None,
               json_log: bool | None = None, logger: logging.Logger | None = None) -> DataRoot:
     """Resolve DATA_ROOT (or `default`, or `hot`), describe it, log one line, return it.
 

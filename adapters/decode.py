@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import io
 import os
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
 from .errors import ImageDecodeError
 from .retry import read_bytes
+
+if TYPE_CHECKING:
+    import PIL.Image
 
 RESAMPLE = ("bilinear", "nearest", "bicubic", "area", "lanczos")
 _PIL_FILTER = {"nearest": 0, "lanczos": 1, "bilinear": 2, "bicubic": 3, "area": 4}
@@ -55,7 +58,7 @@ def check_resample(resample: str) -> str:
     return resample
 
 
-def decode_array(path: str | os.PathLike | bytes, size: tuple[int, int],
+def decode_array(path: str | os.PathLike[str] | bytes, size: tuple[int, int],
                  resample: str = "bilinear", draft: bool = True, name: str | None = None) -> np.ndarray:
     """The image at `path` (or in these bytes) as uint8 (height, width, 3), resized to
     size=(height, width), the order tf.image.resize and torchvision's Resize use.
@@ -79,7 +82,7 @@ def _fast_jpeg(data: bytes, size: tuple[int, int], resample: str, draft: bool) -
     full_h, full_w = simplejpeg.decode_jpeg_header(data)[:2]
     scale = draft_scale((full_h, full_w), (height, width)) if draft else 1
     # libjpeg-turbo picks the smallest DCT scale giving at least these sizes: 1/scale
-    img = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-full_h // scale),
+    img: np.ndarray = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-full_h // scale),
                                  min_width=-(-full_w // scale)) if scale > 1 else \
         simplejpeg.decode_jpeg(data, colorspace="RGB")
     if img.shape[1] != width or img.shape[0] != height:
@@ -97,8 +100,8 @@ def draft_scale(full: tuple[int, int], target: tuple[int, int]) -> int:
     return 1
 
 
-def pillow_decode(path: str | os.PathLike | IO[bytes], size: tuple[int, int] | None, draft: bool = True,
-                  resample: str = "bilinear", name: str | None = None):
+def pillow_decode(path: str | os.PathLike[str] | IO[bytes], size: tuple[int, int] | None, draft: bool = True,
+                  resample: str = "bilinear", name: str | None = None) -> PIL.Image.Image:
     """A PIL RGB image, resized to size=(height, width) when given (scaled JPEG decoding
     first when `draft`: several times less work for nearly the same pixels). A file that
     cannot be decoded raises ImageDecodeError naming it (`name` when `path` is a file

@@ -39,11 +39,13 @@ class Summary:
     rank: int | None = None
     local_rank: int | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"event": "batch_timing", **asdict(self)}
 
     def line(self) -> str:
-        ms = lambda s: f"{s * 1e3:.2f}ms"  # noqa: E731
+        def ms(s: float) -> str:
+            return f"{s * 1e3:.2f}ms"
+
         share = "n/a" if self.wait_share is None else f"{self.wait_share:.1%}"
         first = "n/a" if self.first_batch_s is None else ms(self.first_batch_s)
         last = f" last={self.window}" if self.window else ""
@@ -55,7 +57,9 @@ class Summary:
         if self.worker_load_s is not None:
             text += f" (workers loaded for {self.worker_load_s:.3f}s)"
         if self.hot_share is not None:
-            mean = lambda s: "n/a" if s is None else ms(s)  # noqa: E731
+            def mean(s: float | None) -> str:
+                return "n/a" if s is None else ms(s)
+
             text += (f" hot={self.hot_share:.2f} wait hot={mean(self.hot_wait_s)} "
                      f"({self.hot_batches} batches) cold={mean(self.cold_wait_s)} "
                      f"({self.cold_batches} batches)")

@@ -19,6 +19,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from .errors import DataRootError, EmptyClassError
 
@@ -28,7 +29,7 @@ TORCHVISION_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif
 KERAS_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 
 
-class PathList(Sequence):
+class PathList(Sequence[str]):
     """The paths of a listing in compact form: one byte string of the paths below the
     root and an array of where each ends, about 40 bytes a file instead of a list of
     str (over 100). At millions of files that is the difference between megabytes and
@@ -54,7 +55,12 @@ class PathList(Sequence):
     def rel(self, i: int) -> str:
         return os.fsdecode(bytes(self._blob[self._ends[i - 1] if i else 0:self._ends[i]]))
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[str]: ...
+
+    def __getitem__(self, i: int | slice) -> str | list[str]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         if i < 0:
@@ -66,20 +72,20 @@ class PathList(Sequence):
     def __iter__(self) -> Iterator[str]:
         return (self[i] for i in range(len(self)))
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return (isinstance(other, Sequence) and len(self) == len(other)
                 and all(a == b for a, b in zip(self, other)))
     # No __hash__: a class that defines __eq__ alone is unhashable, as a list is.
 
-    def __getstate__(self):
+    def __getstate__(self) -> tuple[str, bytes, array[int]]:
         return self.root, bytes(self._blob), self._ends
 
-    def __setstate__(self, state) -> None:
+    def __setstate__(self, state: tuple[str, bytes, array[int]]) -> None:
         self.root, blob, self._ends = state
         self._blob = bytearray(blob)
 
 
-class Samples(Sequence):
+class Samples(Sequence[tuple[str, int]]):
     """(path, class index) pairs over a listing's paths and labels, as ImageFolder's
     `samples` list reads, without a tuple per file held in memory."""
 
@@ -91,12 +97,17 @@ class Samples(Sequence):
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, i):
+    @overload
+    def __getitem__(self, i: int) -> tuple[str, int]: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[tuple[str, int]]: ...
+
+    def __getitem__(self, i: int | slice) -> tuple[str, int] | list[tuple[str, int]]:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         return self.paths[i], self.labels[i]
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return (isinstance(other, Sequence) and len(self) == len(other)
                 and all(tuple(a) == tuple(b) for a, b in zip(self, other)))
 
@@ -115,13 +126,13 @@ TORCHVISION = Rule("torchvision ImageFolder", TORCHVISION_EXTENSIONS, True, True
 KERAS = Rule("Keras image_dataset_from_directory", KERAS_EXTENSIONS, False, False)
 
 
-def class_names(root: str | os.PathLike, rule: Rule = TORCHVISION) -> list[str]:
+def class_names(root: str | os.PathLike[str], rule: Rule = TORCHVISION) -> list[str]:
     """The class folders (symlinks to folders included), sorted by name."""
     return sorted(e.name for e in os.scandir(Path(root))
                   if e.is_dir() and (rule.dot_classes or not e.name.startswith(".")))
 
 
-def list_image_folder(root: str | os.PathLike, rule: Rule = TORCHVISION, *,
+def list_image_folder(root: str | os.PathLike[str], rule: Rule = TORCHVISION, *,
                       follow_links: bool = True) -> tuple[PathList, list[int], list[str]]:
     """(paths, labels, class names) for every image under root/<class>/, in the order
     the rule's framework gives them: classes by name, then each class's folders walked

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -32,10 +32,14 @@ except ImportError:       # the standalone package
 from .publish import Sink, logger_sink
 from .timedloader import TimedLoader
 from .figures import Summary
-from .timing import summarize
+from .timing import BatchTimer, summarize
+
+if TYPE_CHECKING:     # the hooks' argument types; the standalone package has the same
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
 
 
-def _loaders(iterables: Any) -> list:
+def _loaders(iterables: Any) -> list[Any]:
     """The loaders inside what `trainer.train_dataloader` gives (one, a list, a dict)."""
     if isinstance(iterables, dict):
         return [x for v in iterables.values() for x in _loaders(v)]
@@ -47,41 +51,44 @@ def _loaders(iterables: Any) -> list:
 class DataWaitMonitor(Callback):
     """Logs the input-wait figures through the trainer's loggers (see the module doc)."""
 
-    def __init__(self, log_every: int | None = None, name: str = "train"):
+    def __init__(self, log_every: int | None = None, name: str = "train") -> None:
         self.log_every = log_every
         self.name = name
         self.summaries: list[Summary] = []
-        self._timers: list = []
+        self._timers: list[BatchTimer[Any]] = []
         self._sink: Sink | None = None
 
-    def on_train_start(self, trainer, pl_module) -> None:
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._sink = logger_sink(lambda: trainer.loggers, lambda: trainer.global_step)
         timed = [x for x in _loaders(trainer.train_dataloader) if isinstance(x, TimedLoader)]
         self._timers = [x.timer for x in timed]
         for timer in self._timers:
             timer.sinks.append(self._windows)
-        self._every = self.log_every if self.log_every is not None else trainer.log_every_n_steps
+        # Lightning's logger connector sets log_every_n_steps; Trainer does not declare it.
+        self._every: int = self.log_every if self.log_every is not None \
+            else trainer.log_every_n_steps  # type: ignore[attr-defined]
 
     def _windows(self, summary: Summary, final: bool, step: int) -> None:
         """A make_loader loader's windows; its epochs are published at on_train_epoch_end."""
         if not final:
             self._publish(summary, final=False)
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         for timer in self._timers:
             if self._windows in timer.sinks:
                 timer.sinks.remove(self._windows)
         self._timers = []
 
     # Any other loader: timed from the hooks.
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch = trainer.current_epoch
         self._first: float | None = None
         self._waits: list[float] = []
         self._t_first = self._t_window = 0.0
         self._t_asked = self._t_end = perf_counter()
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any,
+                             batch_idx: int) -> None:
         if self._timers:
             return
         wait = perf_counter() - self._t_asked
@@ -91,7 +98,8 @@ class DataWaitMonitor(Callback):
         else:
             self._waits.append(wait)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: STEP_OUTPUT,
+                           batch: Any, batch_idx: int) -> None:
         if self._timers:
             return
         self._t_asked = self._t_end = now = perf_counter()
@@ -104,7 +112,7 @@ class DataWaitMonitor(Callback):
             self._t_window = now
             self._publish(summary, final=False)
 
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         for timer in self._timers:
             summary = replace(timer.summary(), epoch=trainer.current_epoch)
             self.summaries.append(summary)

@@ -29,6 +29,12 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    _StreamHandler = logging.StreamHandler[TextIO]
+else:                 # subscriptable at run time only from Python 3.11
+    _StreamHandler = logging.StreamHandler
 
 NAME = "hotcache.adapters"
 ENV = "HOTCACHE_LOG"
@@ -67,7 +73,7 @@ def configured() -> bool:
         any(h is not _default for h in log.handlers)
 
 
-class _Unconfigured(logging.StreamHandler):
+class _Unconfigured(_StreamHandler):
     """stderr, only while nobody configured logging."""
 
     def __init__(self) -> None:
@@ -108,7 +114,7 @@ def ready(logger: logging.Logger | None = None, level: int = logging.INFO
     return log
 
 
-def say(level: int, msg: str, *args) -> None:
+def say(level: int, msg: str, *args: object) -> None:
     """Log one line on hotcache's logger at `level`, through ready()."""
     target = ready(level=level)
     if target is not None:

@@ -16,11 +16,12 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ENV_ORDER = "DATA_ORDER_FILE"
 
 
-def cold_order(dataset, indices: list[int]) -> tuple[Path, list[str]]:
+def cold_order(dataset: Any, indices: list[int]) -> tuple[Path, list[str]]:
     """(the root the lines are relative to, the cold files of `indices` in that order)
     for an image-folder dataset (`paths`, and `tiers`/`rels` when tiered): the hot copy's
     members are left out, as they are on the SSD already."""
@@ -31,7 +32,7 @@ def cold_order(dataset, indices: list[int]) -> tuple[Path, list[str]]:
     return dataset.root, [os.path.relpath(dataset.paths[i], root) for i in indices]
 
 
-def write_order(path: str | os.PathLike, lines: list[str]) -> None:
+def write_order(path: str | os.PathLike[str], lines: list[str]) -> None:
     """Replace `path` atomically (a reader sees the old list or the new one, never half)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from .standin import StandsIn
 
@@ -19,7 +21,7 @@ class _Ended:
 
     __slots__ = ("error",)
 
-    def __init__(self, error: BaseException | None = None):
+    def __init__(self, error: BaseException | None = None) -> None:
         self.error = error
 
 
@@ -28,17 +30,17 @@ class ThreadPrefetch(StandsIn):
     `iter()` is one epoch. An error in the thread is raised in the loop, with its type;
     leaving the loop early stops the thread."""
 
-    def __init__(self, iterable, depth: int = 4):
+    def __init__(self, iterable: Iterable[Any], depth: int = 4) -> None:
         if depth < 1:
             raise ValueError(f"prefetch depth {depth}: read at least one batch ahead")
         self.iterable = iterable
         self.depth = depth
 
-    def __iter__(self):
-        ahead: queue.Queue = queue.Queue(self.depth)
+    def __iter__(self) -> Iterator[Any]:
+        ahead: queue.Queue[Any] = queue.Queue(self.depth)
         stop = threading.Event()
 
-        def put(item) -> bool:
+        def put(item: object) -> bool:
             while not stop.is_set():
                 try:
                     ahead.put(item, timeout=0.1)

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .figures import Summary, data_root_now, figures
 
@@ -38,6 +38,12 @@ WINDOW, EPOCH = "input/", "input/epoch/"
 
 # sink(summary, final, step): final for an epoch's summary, else a window's.
 Sink = Callable[[Summary, bool, int], None]
+
+
+class MetricsLogger(Protocol):
+    """What logger_sink writes through: a Lightning logger's `log_metrics`."""
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
 
 
 def scalars(summary: Summary, final: bool, root: Any = None) -> dict[str, float]:
@@ -58,7 +64,7 @@ def _keras_tensorboard(target: Any) -> bool:
     return keras is not None and isinstance(target, keras.callbacks.TensorBoard)
 
 
-def open_writer(folder: str | os.PathLike) -> Any:
+def open_writer(folder: str | os.PathLike[str]) -> Any:
     """A writer of event files in `folder`: TensorFlow's when TensorFlow is loaded (it
     needs no tensorboard package), else torch's SummaryWriter when torch is loaded, else
     the tensorboard package's own."""
@@ -140,7 +146,7 @@ def sinks(tensorboard: Any = None, pushgateway: str | None = None) -> list[Sink]
     return out
 
 
-def logger_sink(loggers: Callable[[], list], step: Callable[[], int]) -> Sink:
+def logger_sink(loggers: Callable[[], Sequence[MetricsLogger]], step: Callable[[], int]) -> Sink:
     """A sink that logs through loggers with Lightning's `log_metrics(metrics, step)`,
     at the step `step()` says (the trainer's global step)."""
     def log(summary: Summary, final: bool, _step: int) -> None:

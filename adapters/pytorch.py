@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from time import perf_counter
@@ -32,17 +32,19 @@ from .decode import check_resample, decode_array, pillow_decode
 from .retry import read_bytes
 from .imagefolder import TORCHVISION, Samples, list_image_folder
 from .order import ENV_ORDER, cold_order, write_order
-from .tiered import list_tiered
+from .tiered import Tiers, list_tiered
 from .timedloader import Batch, BatchCollate, TimedLoader
 
 if TYPE_CHECKING:
     from typing import Unpack       # mypy reads it; Python 3.10 never imports it
 
+    import PIL.Image
+
 __all__ = ["ImageFolderDataset", "TimedLoader", "make_loader", "decode_image", "to_tensor"]
 
 
-def decode_image(path: str | os.PathLike | IO[bytes], image_size: tuple[int, int] | None = None, draft: bool = True,
-                 resample: str = "bilinear"):
+def decode_image(path: str | os.PathLike[str] | IO[bytes], image_size: tuple[int, int] | None = None, draft: bool = True,
+                 resample: str = "bilinear") -> PIL.Image.Image:
     """A JPEG/PNG file as a PIL RGB image, resized to image_size=(height, width) when asked.
 
     draft: a JPEG that is to be shrunk is decoded at the smallest DCT scale (1/2, 1/4,
@@ -53,12 +55,12 @@ def decode_image(path: str | os.PathLike | IO[bytes], image_size: tuple[int, int
     return pillow_decode(path, image_size, draft, check_resample(resample))
 
 
-def to_tensor(img) -> torch.Tensor:
+def to_tensor(img: PIL.Image.Image) -> torch.Tensor:
     """PIL image -> uint8 tensor C×H×W (no scaling: do that on the accelerator)."""
     return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
 
 
-class ImageFolderDataset(Dataset):
+class ImageFolderDataset(Dataset[tuple[Any, Any]]):
     """root/<class>/<image>: class folders, sorted by name, give labels 0..n-1, listed as
     torchvision's ImageFolder lists them (imagefolder.TORCHVISION: its extensions,
     symlinked folders followed, an empty class refused). ImageFolder's attributes are
@@ -77,15 +79,15 @@ class ImageFolderDataset(Dataset):
     per batch crosses to the training process instead of one per sample. Pillow
     releases the GIL while it decodes and resizes, so the threads run in parallel."""
 
-    def __init__(self, root: str | os.PathLike | None = None, *,
+    def __init__(self, root: str | os.PathLike[str] | None = None, *,
                  transform: Callable[[Any], Any] | None = None,
                  target_transform: Callable[[int], Any] | None = None,
                  decode: bool = True, image_size: tuple[int, int] | None = None,
-                 draft: bool = True, resample: str = "bilinear", threads: int = 1):
+                 draft: bool = True, resample: str = "bilinear", threads: int = 1) -> None:
         check_resample(resample)
         root = root if root is not None else data_root()
         self.root = Path(root)
-        self.tiers = getattr(root, "tiers", None)     # a DataRoot with a cold root
+        self.tiers: Tiers | None = getattr(root, "tiers", None)     # a DataRoot with a cold root
         self.draft = draft
         self.resample = resample
         self.threads = max(1, int(threads))
@@ -115,17 +117,18 @@ class ImageFolderDataset(Dataset):
 
     imgs = samples                                 # ImageFolder's older name
 
-    def __getitem__(self, index: int):
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
         return self.fetch(index)[0]
 
     def _target(self, index: int) -> Any:
         label = self.labels[index]
         return self.target_transform(label) if self.target_transform else label
 
-    def fetch(self, index: int):
+    def fetch(self, index: int) -> tuple[tuple[Any, Any], bool | None]:
         """((sample, label), served hot?); served hot is None without a cold root."""
         source, hot = self._source(index)
         sample: Any
+        img: np.ndarray | PIL.Image.Image
         if self.batches and self.image_size:
             # the same decoder as the batched path: one sample, one set of pixels
             img = decode_array(source, self.image_size, self.resample, self.draft,
@@ -145,7 +148,7 @@ class ImageFolderDataset(Dataset):
         """The file, for error messages."""
         return self.paths[index]
 
-    def _source(self, index: int):
+    def _source(self, index: int) -> tuple[str | bytes, bool | None]:
         """(the file's path, None), or for tiered reads (its bytes, read from the hot
         copy?): the tier is known per file, not guessed."""
         if self.tiers is None:
@@ -157,20 +160,22 @@ class ImageFolderDataset(Dataset):
         """Whether whole batches decode in place (a fixed size, no transform)."""
         return bool(self.decode and self.transform is None and self.image_size)
 
-    def __getitems__(self, indices):
+    def __getitems__(self, indices: list[int]) -> list[tuple[Any, Any]] | Batch:
         """A batch: a _Batch when it can be decoded in place, else a list of samples."""
         size = self.image_size
         if not self.batches or size is None:
             return [self[i] for i in indices]
         height, width = size
         shape = (len(indices), 3, height, width)
+        images: torch.Tensor
         if get_worker_info() is not None:     # as default_collate does: no extra copy
-            images = torch.empty(0, dtype=torch.uint8).new_empty(shape).share_memory_()
+            # torch leaves share_memory_ unannotated (it returns the tensor itself)
+            images = torch.empty(0, dtype=torch.uint8).new_empty(shape).share_memory_()  # type: ignore[no-untyped-call]
         else:
             images = torch.empty(shape, dtype=torch.uint8)
 
         out = images.numpy()                  # the same memory, written in place
-        hot = [None] * len(indices)
+        hot: list[bool | None] = [None] * len(indices)
 
         def decode_into(slot: int, index: int) -> None:
             source, hot[slot] = self._source(index)
@@ -194,20 +199,20 @@ class ImageFolderDataset(Dataset):
             self._pool_pid = os.getpid()
         return self._pool
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_pool"], state["_pool_pid"] = None, 0      # threads do not cross processes
         return state
 
 
-class EpochOrder(Sampler):
+class EpochOrder(Sampler[int]):
     """A seeded shuffle whose order for epoch e depends on (seed, e) alone, so each epoch
     can write the next one's cold files to `order_file` for `hotcache warm --order`
     (adapters/order.py). The first epoch's order is written at once. Its epoch is set as
     a DistributedSampler's is: `set_epoch(e)`, or by the loader when an epoch was read
     to its end."""
 
-    def __init__(self, dataset, seed: int, order_file: str | os.PathLike):
+    def __init__(self, dataset: Any, seed: int, order_file: str | os.PathLike[str]) -> None:
         self.dataset, self.seed, self.order_file = dataset, seed, order_file
         self.epoch = 0
         self._write(0)
@@ -227,7 +232,7 @@ class EpochOrder(Sampler):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         current = self.order(self.epoch)
         self._write(self.epoch + 1)
         return iter(current)
@@ -267,7 +272,7 @@ def default_decode_threads(num_workers: int) -> int:
     return max(1, -(-_cpu_share() // max(num_workers, 1)))
 
 
-def _needs_workers(persistent_workers, options: dict) -> bool:
+def _needs_workers(persistent_workers: bool | None, options: dict[str, Any]) -> bool:
     """Options DataLoader accepts only with worker processes: asked for, they get one
     worker (with the decode threads) instead of the in-process threads."""
     return bool(persistent_workers or options.get("timeout") or options.get("worker_init_fn")
@@ -293,21 +298,21 @@ class _DefaultBatchSize(int):
 DEFAULT_BATCH_SIZE = _DefaultBatchSize(32)
 
 
-def make_loader(root: str | os.PathLike | None = None, *, dataset: Dataset | None = None,
+def make_loader(root: str | os.PathLike[str] | None = None, *, dataset: Dataset[Any] | None = None,
                 batch_size: int | None = DEFAULT_BATCH_SIZE, shuffle: bool | None = None,
-                sampler: Sampler | Iterable | None = None,
-                batch_sampler: Sampler[list] | Iterable[list] | None = None,
+                sampler: Sampler[Any] | Iterable[Any] | None = None,
+                batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
                 generator: torch.Generator | None = None,
                 num_workers: int | None = None, pin_memory: bool | None = None,
                 persistent_workers: bool | None = None, prefetch_factor: int | None = None,
-                drop_last: bool = False, collate_fn: Callable[[list], Any] | None = None,
+                drop_last: bool = False, collate_fn: Callable[[list[Any]], Any] | None = None,
                 transform: Callable[[Any], Any] | None = None,
                 target_transform: Callable[[int], Any] | None = None,
                 decode: bool = True, image_size: tuple[int, int] | None = None,
                 resample: str = "bilinear", decode_threads: int | None = None,
                 distributed: bool | None = None, seed: int = 0,
-                order_file: str | os.PathLike | None = None,
-                name: str = "train", log_every: int = 100, log_path: str | os.PathLike | None = None,
+                order_file: str | os.PathLike[str] | None = None,
+                name: str = "train", log_every: int = 100, log_path: str | os.PathLike[str] | None = None,
                 clock: Callable[[], float] = perf_counter,
                 tensorboard: Any = None, pushgateway: str | None = None,
                 **loader_options: Unpack[LoaderOptions]) -> TimedLoader:
@@ -377,13 +382,13 @@ class _Workers:
     """How a loader loads: DataLoader's worker options, and how many batches a thread
     reads ahead in the training process (0: none)."""
 
-    def __init__(self, options: dict, read_ahead: int):
+    def __init__(self, options: dict[str, Any], read_ahead: int) -> None:
         self.options, self.read_ahead = options, read_ahead
 
 
 def _workers(built: ImageFolderDataset | None, num_workers: int | None,
              decode_threads: int | None, persistent_workers: bool | None,
-             prefetch_factor: int | None, loader_options: dict) -> _Workers:
+             prefetch_factor: int | None, loader_options: dict[str, Any]) -> _Workers:
     """Worker processes and decode threads (see make_loader's defaults). `built`: the
     image-folder dataset make_loader made, whose decode threads are set here."""
     default = num_workers is None       # an explicit num_workers=0 stays synchronous
@@ -407,8 +412,11 @@ def _workers(built: ImageFolderDataset | None, num_workers: int | None,
                      "prefetch_factor": prefetch_factor}, read_ahead)
 
 
-def _order(dataset, stamped: bool, *, shuffle: bool | None, sampler, batch_sampler, generator,
-           distributed: bool | None, seed: int, drop_last: bool, order_file) -> dict:
+def _order(dataset: Dataset[Any], stamped: bool, *, shuffle: bool | None,
+           sampler: Sampler[Any] | Iterable[Any] | None,
+           batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None,
+           generator: torch.Generator | None, distributed: bool | None, seed: int, drop_last: bool,
+           order_file: str | os.PathLike[str] | None) -> dict[str, Any]:
     """DataLoader's shuffle, sampler, batch_sampler and generator: the caller's own where
     given, else a seeded shuffle, a DistributedSampler or an EpochOrder (order file);
     "own": the sampler made here, whose epoch the loader sets (None: not ours)."""
@@ -419,7 +427,7 @@ def _order(dataset, stamped: bool, *, shuffle: bool | None, sampler, batch_sampl
         distributed = stamped and not users and torch.distributed.is_available() \
             and torch.distributed.is_initialized()
     order_file = order_file or os.environ.get(ENV_ORDER) or None
-    own: Sampler | None = None
+    own: Sampler[Any] | None = None
     if order_file:
         if users or distributed or not shuffle or not hasattr(dataset, "paths"):
             raise ValueError(f"order_file={order_file}: the next epoch's order is written only "

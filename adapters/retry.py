@@ -47,7 +47,7 @@ def retry_seconds() -> float:
     return DEFAULT_SECONDS
 
 
-def retrying(read: Callable[[], T], path: str | os.PathLike, seconds: float | None = None, *,
+def retrying(read: Callable[[], T], path: str | os.PathLike[str], seconds: float | None = None, *,
              sleep: Callable[[float], None] = time.sleep,
              clock: Callable[[], float] = time.monotonic) -> T:
     """read(), again while it fails with EIO, for at most `seconds` (default
@@ -78,7 +78,7 @@ def retrying(read: Callable[[], T], path: str | os.PathLike, seconds: float | No
             wait = min(wait * 2, LONGEST_WAIT)
 
 
-def read_bytes(path: str | os.PathLike, seconds: float | None = None) -> bytes:
+def read_bytes(path: str | os.PathLike[str], seconds: float | None = None) -> bytes:
     """The whole file, each EIO retried (see `retrying`)."""
     def read() -> bytes:
         with open(path, "rb") as f:

@@ -13,7 +13,7 @@ class StandsIn:
     def __len__(self) -> int:
         return len(self.iterable)
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr: str) -> Any:
         if attr == "iterable":      # not set yet (copy, pickle): no endless recursion
             raise AttributeError(attr)
         return getattr(self.iterable, attr)

@@ -26,11 +26,13 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from .errors import CacheLockedError, DataRootError
 from .logs import say
-from hotcache.provision.hotcopy.format import label_ok  # noqa: F401  (tfdata's check)
+from hotcache.provision.hotcopy.format import label_ok as label_ok  # re-exported: tfdata's check
 
 PREFIX = "cache"
 OWNER = "owner.json"
@@ -38,11 +40,11 @@ LOCK = "writer.lock"
 _HELD: dict[str, int] = {}    # folder -> fd of its writer.lock, held until the process ends
 
 
-def fingerprint(settings: dict) -> str:
+def fingerprint(settings: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def function_identity(fn) -> str | None:
+def function_identity(fn: Callable[..., object] | None) -> str | None:
     """Name and bytecode (and constants, and closed-over values) of a user function,
     so editing the function's body changes the cache key."""
     if fn is None:
@@ -62,7 +64,7 @@ def _boot_id() -> str:
         return "unknown"
 
 
-def _me() -> dict:
+def _me() -> dict[str, str | int]:
     """Who holds the lock, for messages: a pid means nothing without its host, boot and
     PID namespace (containers sharing a hostname each number their own processes)."""
     try:
@@ -97,7 +99,7 @@ def _take(folder: Path) -> bool:
     return True
 
 
-def prepare(cache_root: str | os.PathLike, key_name: str) -> Path:
+def prepare(cache_root: str | os.PathLike[str], key_name: str) -> Path:
     """Make (or reuse) the keyed cache folder; a run that will write the cache takes its
     writer lock for life and clears what a dead writer left; returns the filename prefix
     to pass to `Dataset.cache()`."""

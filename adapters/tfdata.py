@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from time import perf_counter
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -31,18 +31,19 @@ from .errors import DataRootError
 from .imagefolder import KERAS, list_image_folder
 from .retry import read_bytes, retry_seconds
 from .tfdecode import decode_named
-from .tiered import list_tiered
+from .tiered import Tiers, list_tiered
 from .timing import ENV_LOG, Summary, emit, publish_sinks, summarize
 
 AUTOTUNE = tf.data.AUTOTUNE
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
+T = TypeVar("T")
 
 
 def _tfrecord_files(root: Path) -> list[str]:
     return sorted(str(p) for p in root.rglob("*") if p.suffix in TFRECORD_SUFFIXES and p.is_file())
 
 
-def _dataset_version(root: Path, files: list[str]) -> dict:
+def _dataset_version(root: Path, files: list[str]) -> dict[str, Any]:
     """What identifies the data: the hot copy's name/version/copy time, or for a plain
     folder the listing with sizes and modification times."""
     copy = hot_copy_at(root)
@@ -57,10 +58,27 @@ def _dataset_version(root: Path, files: list[str]) -> dict:
 SUBSETS = ("training", "validation", "both")
 
 
-def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
+class _Settings(TypedDict):
+    """make_dataset's settings, as _pipeline takes them."""
+
+    image_size: tuple[int, int] | None
+    decode: bool
+    map_fn: Callable[..., Any] | None
+    cache_dir: str | os.PathLike[str] | None
+    shuffle: bool
+    shuffle_buffer: int
+    seed: int | None
+    batch_size: int
+    drop_remainder: bool
+    deterministic: bool | None
+    features: tuple[str, str]
+    kind: str
+
+
+def make_dataset(root: str | os.PathLike[str] | None = None, *, batch_size: int = 32,
                  image_size: tuple[int, int] | None = None, kind: str = "auto",
                  decode: bool = True, map_fn: Callable[..., Any] | None = None,
-                 cache_dir: str | os.PathLike | None = None,
+                 cache_dir: str | os.PathLike[str] | None = None,
                  shuffle: bool = True, shuffle_buffer: int = 1024, seed: int | None = None,
                  drop_remainder: bool = False, deterministic: bool | None = None,
                  features: tuple[str, str] = ("image", "label"),
@@ -87,7 +105,7 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
     over the returned dataset reports the share of samples served hot."""
     _check_split(validation_split, subset, shuffle, seed)
     root = root if root is not None else data_root()
-    tiers = getattr(root, "tiers", None)
+    tiers: Tiers | None = getattr(root, "tiers", None)
     root = Path(root).resolve()
     tfrecords = _tfrecord_files(root) if kind in ("auto", "tfrecord") else []
     if kind == "auto":
@@ -95,10 +113,10 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
     if kind == "tfrecord" and validation_split:
         raise ValueError("validation_split splits an image folder's files; split TFRecord "
                          "shards into two folders instead")
-    settings = dict(image_size=image_size, decode=decode, map_fn=map_fn, cache_dir=cache_dir,
-                    shuffle=shuffle, shuffle_buffer=shuffle_buffer, seed=seed,
-                    batch_size=batch_size, drop_remainder=drop_remainder,
-                    deterministic=deterministic, features=features, kind=kind)
+    settings: _Settings = dict(image_size=image_size, decode=decode, map_fn=map_fn,
+                               cache_dir=cache_dir, shuffle=shuffle, shuffle_buffer=shuffle_buffer,
+                               seed=seed, batch_size=batch_size, drop_remainder=drop_remainder,
+                               deterministic=deterministic, features=features, kind=kind)
     if kind == "tfrecord":
         return _pipeline(root, tiers, None, tfrecords=tfrecords, **settings)
     listing = _image_listing(root, tiers, follow_links)
@@ -107,10 +125,11 @@ def make_dataset(root: str | os.PathLike | None = None, *, batch_size: int = 32,
     training, validation = _split(listing, validation_split, shuffle, seed)
     if subset == "training":
         return _pipeline(root, tiers, training, **settings)
+    unshuffled: _Settings = {**settings, "shuffle": False}     # the validation subset's
     if subset == "validation":
-        return _pipeline(root, tiers, validation, **{**settings, "shuffle": False})
+        return _pipeline(root, tiers, validation, **unshuffled)
     return (_pipeline(root, tiers, training, **settings),       # "both", as Keras returns it
-            _pipeline(root, tiers, validation, **{**settings, "shuffle": False}))
+            _pipeline(root, tiers, validation, **unshuffled))
 
 
 def _check_split(validation_split: float | None, subset: str | None, shuffle: bool,
@@ -141,7 +160,7 @@ class _Listing:
                         None if self.hot is None else self.hot[part])
 
 
-def _image_listing(root: Path, tiers, follow_links: bool) -> _Listing:
+def _image_listing(root: Path, tiers: Tiers | None, follow_links: bool) -> _Listing:
     if tiers is not None:
         rels, labels, classes = list_tiered(tiers, KERAS)
         return _Listing([tiers.path(r) for r in rels], labels, classes,
@@ -167,9 +186,11 @@ def _split(listing: _Listing, validation_split: float, shuffle: bool,
     return whole.take(slice(None, -n_val)), whole.take(slice(-n_val, None))
 
 
-def _pipeline(root: Path, tiers, listing: _Listing | None, *, image_size, decode, map_fn,
-              cache_dir, shuffle, shuffle_buffer, seed, batch_size, drop_remainder,
-              deterministic, features, kind, tfrecords=()) -> Any:
+def _pipeline(root: Path, tiers: Tiers | None, listing: _Listing | None, *,
+              image_size: tuple[int, int] | None, decode: bool, map_fn: Callable[..., Any] | None,
+              cache_dir: str | os.PathLike[str] | None, shuffle: bool, shuffle_buffer: int,
+              seed: int | None, batch_size: int, drop_remainder: bool, deterministic: bool | None,
+              features: tuple[str, str], kind: str, tfrecords: Iterable[str] = ()) -> Any:
     prepare = _preparer(decode, image_size, map_fn)
     # Shuffling the file list suffices unless a cache freezes the order it was written in.
     early = bool(shuffle and not cache_dir)
@@ -204,10 +225,11 @@ def _pipeline(root: Path, tiers, listing: _Listing | None, *, image_size, decode
     return ds
 
 
-def _preparer(decode: bool, image_size: tuple[int, int] | None, map_fn):
+def _preparer(decode: bool, image_size: tuple[int, int] | None,
+              map_fn: Callable[..., Any] | None) -> Callable[..., Any]:
     """(encoded bytes, label) -> the sample: decoded and resized to (height, width) when
     asked, then the user's map_fn."""
-    def prepare(data, label, path=None):
+    def prepare(data: tf.Tensor, label: tf.Tensor, path: tf.Tensor | None = None) -> Any:
         if decode:
             data = decode_named(data, path) if path is not None else \
                 tf.io.decode_image(data, channels=3, expand_animations=False)
@@ -221,8 +243,8 @@ def _preparer(decode: bool, image_size: tuple[int, int] | None, map_fn):
     return prepare
 
 
-def _records(root: Path, files: list[str], features: tuple[str, str], prepare, *,
-             shuffle: bool, seed, deterministic) -> tuple[tf.data.Dataset, list[str]]:
+def _records(root: Path, files: list[str], features: tuple[str, str], prepare: Callable[..., Any], *,
+             shuffle: bool, seed: int | None, deterministic: bool | None) -> tuple[tf.data.Dataset, list[str]]:
     """Samples from TFRecord shards, read interleaved (the shard order shuffled)."""
     if not files:
         raise DataRootError(f"{root}: no TFRecord files ({', '.join(TFRECORD_SUFFIXES)}) found",
@@ -231,7 +253,7 @@ def _records(root: Path, files: list[str], features: tuple[str, str], prepare, *
     spec = {image_key: tf.io.FixedLenFeature([], tf.string),
             label_key: tf.io.FixedLenFeature([], tf.int64)}
 
-    def parse(record):
+    def parse(record: tf.Tensor) -> Any:
         ex = tf.io.parse_single_example(record, spec)
         return prepare(ex[image_key], ex[label_key])
 
@@ -243,8 +265,8 @@ def _records(root: Path, files: list[str], features: tuple[str, str], prepare, *
     return ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=deterministic), files
 
 
-def _images(listing: _Listing, prepare, *, shuffle: bool, seed,
-            deterministic) -> tuple[tf.data.Dataset, list[str]]:
+def _images(listing: _Listing, prepare: Callable[..., Any], *, shuffle: bool, seed: int | None,
+            deterministic: bool | None) -> tuple[tf.data.Dataset, list[str]]:
     """Samples from an image folder; for tiered reads each with whether the hot copy
     served it."""
     files = listing.files
@@ -259,7 +281,7 @@ def _images(listing: _Listing, prepare, *, shuffle: bool, seed,
         ds = ds.batch(READ_GROUP).map(_read_group, num_parallel_calls=AUTOTUNE,
                                       deterministic=deterministic).unbatch()
 
-    def load(path, label, *rest):
+    def load(path: tf.Tensor, label: tf.Tensor, *rest: tf.Tensor) -> Any:
         # (bytes read by _read_group, hot flag) or (hot flag) or nothing
         data, hot = (rest[0], rest[1:]) if retrying else (tf.io.read_file(path), rest)
         sample = prepare(data, tf.cast(label, tf.int64), path)
@@ -280,7 +302,7 @@ def _read_many(paths: np.ndarray) -> np.ndarray:
     return out
 
 
-def _read_group(paths, labels, *hot):
+def _read_group(paths: tf.Tensor, labels: tf.Tensor, *hot: tf.Tensor) -> tuple[tf.Tensor, ...]:
     """(paths, labels[, hot]) of a group -> (paths, labels, the files' bytes[, hot]):
     each file read as tf.io.read_file reads it, but each EIO retried for a bounded time
     (retry.py), so a cache failing over to its origin costs a slow batch, not the run.
@@ -293,7 +315,7 @@ def _read_group(paths, labels, *hot):
     return (paths, labels, data, *hot)
 
 
-def _cache_folder(cache_dir: str | os.PathLike, root: Path, settings: dict) -> Path:
+def _cache_folder(cache_dir: str | os.PathLike[str], root: Path, settings: dict[str, Any]) -> Path:
     """The cache's folder under cache_dir, named by the data's version and a fingerprint
     of every setting that changes what is cached."""
     version = str(settings["data"].get("version") or "src")
@@ -310,16 +332,16 @@ class TierLog:
     """Each batch's (hot samples, samples), logged in batch order by a sequential map
     after `batch`, and taken in the same order by the BatchTimer as it receives them."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.counts: deque[tuple[int, int]] = deque(maxlen=1 << 16)
 
     def strip(self, ds: tf.data.Dataset) -> tf.data.Dataset:
         """(element, hot flags) batches -> element batches, each batch's count logged."""
-        def push(hot, n):
+        def push(hot: tf.Tensor, n: tf.Tensor) -> int:
             self.counts.append((int(hot), int(n)))
             return 0
 
-        def split(element, hot):
+        def split(element: Any, hot: tf.Tensor) -> Any:
             n = tf.size(hot)
             t = tf.py_function(push, [tf.reduce_sum(tf.cast(hot, tf.int32)), n], tf.int32)
             with tf.control_dependencies([t]):
@@ -330,14 +352,14 @@ class TierLog:
     def clear(self) -> None:
         self.counts.clear()
 
-    def stamp(self, it):
+    def stamp(self, it: Iterable[T]) -> Iterator[tuple[T, tuple[None, int, int]]]:
         """Pair each batch with its (None, hot, samples) stamp."""
         for item in it:
             hot, n = self.counts.popleft() if self.counts else (0, 0)
             yield item, (None, hot, n)
 
 
-class DataWaitCallback(tf.keras.callbacks.Callback):
+class DataWaitCallback(tf.keras.callbacks.Callback):  # type: ignore[misc]  # TensorFlow is untyped: Any to mypy
     """Keras `fit`: how long each training step waited for its batch.
 
     Keras pulls batches inside its compiled train function, out of Python's sight, so
@@ -351,8 +373,9 @@ class DataWaitCallback(tf.keras.callbacks.Callback):
     (see publish.py; $HOTCACHE_TENSORBOARD, $HOTCACHE_PUSHGATEWAY). The step is the
     number of batches trained before, across epochs and fit() calls."""
 
-    def __init__(self, name: str = "fit", log_every: int = 100, log_path=None, *,
-                 tensorboard: Any = None, pushgateway: str | None = None):
+    def __init__(self, name: str = "fit", log_every: int = 100,
+                 log_path: str | os.PathLike[str] | None = None, *,
+                 tensorboard: Any = None, pushgateway: str | None = None) -> None:
         super().__init__()
         self.name = name
         self.log_every = log_every
@@ -367,7 +390,7 @@ class DataWaitCallback(tf.keras.callbacks.Callback):
         asks = tf.data.Dataset.from_tensors(tf.constant(0.0, tf.float64)).repeat().map(
             lambda _: tf.py_function(self._ask, [], tf.float64))
 
-        def got(_asked, element):
+        def got(_asked: tf.Tensor, element: Any) -> Any:
             t = tf.py_function(self._got, [], tf.float64)
             with tf.control_dependencies([t]):
                 return tf.nest.map_structure(tf.identity, element)
@@ -377,22 +400,24 @@ class DataWaitCallback(tf.keras.callbacks.Callback):
         options.experimental_optimization.inject_prefetch = False
         return tf.data.Dataset.zip((asks, ds)).map(got).with_options(options)
 
-    def _ask(self):
+    def _ask(self) -> float:
         self._asked = perf_counter()
         return 0.0
 
-    def _got(self):
+    def _got(self) -> float:
         self._pending += perf_counter() - self._asked
         return 0.0
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
-        self._first = None
+        self._first: float | None = None
         self._waits: list[float] = []
-        self._t_first = self._t_end = self._t_window = None
+        self._t_first: float | None = None
+        self._t_end: float | None = None
+        self._t_window: float | None = None
         self._pending = 0.0
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         end = perf_counter()
         wait, self._pending = self._pending, 0.0
         if self._first is None:
@@ -412,8 +437,8 @@ class DataWaitCallback(tf.keras.callbacks.Callback):
         return summarize(self.name, self._epoch, self._first, window, now - start, len(window),
                          batches=len(self._waits) + 1, window=len(window))
 
-    def _summary(self):
-        wall = (self._t_end - self._t_first) if self._t_first is not None else 0.0
+    def _summary(self) -> Summary:
+        wall = (self._t_end - self._t_first) if self._t_first is not None and self._t_end is not None else 0.0
         return summarize(self.name, self._epoch, self._first, self._waits, wall, len(self._waits))
 
     def _emit(self, summary: Summary, *, final: bool) -> None:
@@ -422,7 +447,7 @@ class DataWaitCallback(tf.keras.callbacks.Callback):
         for sink in self.sinks:
             sink(summary, final, step)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         summary = self._summary()
         self.summaries.append(summary)
         self._emit(summary, final=True)

@@ -48,7 +48,7 @@ def _whole_bmp(data: tf.Tensor, n: tf.Tensor) -> tf.Tensor:
 
 
 def _decode_in_python(data: tf.Tensor, path: tf.Tensor) -> tf.Tensor:
-    def decode(data, path):
+    def decode(data: tf.Tensor, path: tf.Tensor) -> tf.Tensor:
         try:
             return tf.io.decode_image(data, channels=3, expand_animations=False)
         except tf.errors.InvalidArgumentError as exc:

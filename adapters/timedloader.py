@@ -17,6 +17,7 @@ user, Lightning) gives it with `sampler.set_epoch(e)`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from time import perf_counter
 from typing import Any
@@ -25,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from .prefetch import ThreadPrefetch
-from .timing import BatchTimer, Summary
+from .timing import BatchTimer, Stamp, Summary
 
 
 class Batch:
@@ -34,13 +35,13 @@ class Batch:
 
     __slots__ = ("images", "labels", "targets", "hot")
 
-    def __init__(self, images: torch.Tensor, targets: list, hot: int | None = None,
-                 labels: Any = None):
+    def __init__(self, images: torch.Tensor, targets: list[Any], hot: int | None = None,
+                 labels: Any = None) -> None:
         self.images, self.targets = images, targets
         self.labels = torch.tensor(targets) if labels is None else labels
         self.hot = hot                        # tiered reads: samples served hot
 
-    def samples(self) -> list:
+    def samples(self) -> list[tuple[torch.Tensor, Any]]:
         return list(zip(self.images, self.targets))
 
 
@@ -51,7 +52,7 @@ class BatchCollate:
     `collate_fn`, so a DataLoader rebuilt from the loader's attributes (Accelerate)
     collates the same way."""
 
-    def __init__(self, collate_fn: Callable[[list], Any] | None = None):
+    def __init__(self, collate_fn: Callable[[list[Any]], Any] | None = None) -> None:
         self.user_collate = collate_fn
         self.collate_fn = collate_fn or default_collate
 
@@ -63,18 +64,18 @@ class BatchCollate:
         return self.collate_fn(samples)
 
 
-class Stamped(Dataset):
+class Stamped(Dataset[Any]):
     """Runs in the workers: each sample (or batch) comes with the seconds it took to load,
     and for tiered reads (seconds, hot samples[, samples]): which tier served it."""
 
-    def __init__(self, dataset):
+    def __init__(self, dataset: Any) -> None:    # map-style: len(), [i], maybe __getitems__
         self.dataset = dataset
         self.tiered = getattr(dataset, "tiers", None) is not None
 
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> tuple[Any, float | tuple[float, bool | None]]:
         t0 = perf_counter()
         if self.tiered:
             sample, hot = self.dataset.fetch(index)
@@ -82,7 +83,8 @@ class Stamped(Dataset):
         sample = self.dataset[index]
         return sample, perf_counter() - t0
 
-    def __getitems__(self, indices):
+    def __getitems__(self, indices: list[int]
+                      ) -> list[tuple[Any, float | tuple[float, bool | None]]] | Loaded:
         batched = getattr(self.dataset, "__getitems__", None)
         if batched is None or (self.tiered and not self.dataset.batches):
             return [self[i] for i in indices]
@@ -98,17 +100,17 @@ class Loaded:
 
     __slots__ = ("samples", "seconds")
 
-    def __init__(self, samples, seconds: float | tuple[float, int, int]):   # tiered: (s, hot, n)
+    def __init__(self, samples: Any, seconds: float | tuple[float, int, int]) -> None:   # tiered: (s, hot, n)
         self.samples, self.seconds = samples, seconds
 
 
 class StampedCollate:
     """Collate the samples as the loader's collate_fn does; add up their load seconds."""
 
-    def __init__(self, collate_fn: Callable[[Any], Any]):
+    def __init__(self, collate_fn: Callable[[Any], Any]) -> None:
         self.collate_fn = collate_fn
 
-    def __call__(self, stamped):
+    def __call__(self, stamped: Loaded | list[tuple[Any, Any]]) -> tuple[Any, Stamp]:
         if isinstance(stamped, Loaded):
             return self.collate_fn(stamped.samples), stamped.seconds
         batch = self.collate_fn([s for s, _ in stamped])
@@ -131,11 +133,11 @@ class TimedLoader(DataLoader[Any]):
     MIRRORED = frozenset({"worker_init_fn", "timeout", "generator", "multiprocessing_context",
                           "pin_memory", "pin_memory_device", "in_order"})
 
-    def __init__(self, dataset: Dataset, *, stamped: bool = True, own_sampler: Any = None,
+    def __init__(self, dataset: Dataset[Any], *, stamped: bool = True, own_sampler: Any = None,
                  read_ahead: int = 0, name: str = "train", log_every: int = 100,
-                 log_path=None, clock: Callable[[], float] = perf_counter,
+                 log_path: str | os.PathLike[str] | None = None, clock: Callable[[], float] = perf_counter,
                  tensorboard: Any = None, pushgateway: str | None = None, sinks: Any = (),
-                 **options: Any):
+                 **options: Any) -> None:
         # Every argument is kept under its own name, so that a DataLoader rebuilt from the
         # attributes (Lightning, to add a sampler) is a TimedLoader like this one.
         super().__init__(dataset, **options)
@@ -210,7 +212,7 @@ class TimedLoader(DataLoader[Any]):
         return self.timer.summaries
 
     @property
-    def worker_loads(self) -> list:
+    def worker_loads(self) -> list[Stamp]:
         return self.timer.worker_loads
 
     def summary(self) -> Summary:

@@ -22,11 +22,11 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from time import perf_counter, time
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypedDict, TypeVar, cast
 
-from .figures import Summary
+from .figures import Summary as Summary   # re-exported: hotcache.adapters.timing.Summary
 from .logs import log, mode, ready
 from . import publish
 from .publish import Sink
@@ -35,6 +35,9 @@ from .standin import StandsIn
 ENV_LOG = "HOTCACHE_TIMING_LOG"
 RANK_ENV = ("RANK", "LOCAL_RANK")     # torchrun's, Accelerate's and Lightning's
 T = TypeVar("T")
+# A batch's stamp: the worker seconds, or (seconds or None, hot samples, samples) when
+# reads are tiered.
+Stamp = float | tuple[float | None, int, int]
 HIGHLY = 0.20
 MODERATELY = 0.05
 
@@ -67,16 +70,29 @@ def ranks() -> dict[str, int]:
     return found
 
 
-def split_stamps(stamps: list | None) -> tuple[list[float] | None, list[tuple[int, int]] | None]:
+def split_stamps(stamps: Sequence[Stamp] | None
+                 ) -> tuple[Sequence[float] | None, list[tuple[int, int]] | None]:
     """Per-batch stamps -> (worker seconds, (hot, samples) pairs). A stamp is the worker
     seconds, or (seconds or None, hot samples, samples) when reads are tiered."""
     if not stamps or not isinstance(stamps[0], tuple):
-        return (stamps or None), None
-    secs = [s[0] for s in stamps if s[0] is not None]
-    return (secs or None), [(s[1], s[2]) for s in stamps]
+        # every stamp of a list is of one kind, the first one's: here, seconds
+        return cast("Sequence[float] | None", stamps or None), None
+    tiered = cast("Sequence[tuple[float | None, int, int]]", stamps)
+    secs = [s[0] for s in tiered if s[0] is not None]
+    return (secs or None), [(s[1], s[2]) for s in tiered]
 
 
-def tier_figures(tiers: list[tuple[int, int]], waits: list[float]) -> dict:
+class TierFigures(TypedDict, total=False):
+    """Summary's fields for tiered reads: all of them (tier_figures), or none."""
+
+    hot_share: float | None
+    hot_batches: int
+    hot_wait_s: float | None
+    cold_batches: int
+    cold_wait_s: float | None
+
+
+def tier_figures(tiers: list[tuple[int, int]], waits: list[float]) -> TierFigures:
     """Hot share of `tiers` and the mean wait of mostly-hot vs mostly-cold batches;
     `waits` belong to the last len(waits) batches of `tiers`."""
     samples = sum(n for _h, n in tiers)
@@ -84,14 +100,17 @@ def tier_figures(tiers: list[tuple[int, int]], waits: list[float]) -> dict:
     cold: list[float] = []
     for (h, n), w in zip(tiers[len(tiers) - len(waits):], waits):
         (hot if 2 * h >= n else cold).append(w)
-    mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+
+    def mean(xs: list[float]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
     return {"hot_share": round(sum(h for h, _n in tiers) / samples, 4) if samples else None,
             "hot_batches": len(hot), "hot_wait_s": mean(hot),
             "cold_batches": len(cold), "cold_wait_s": mean(cold)}
 
 
 def summarize(name: str, epoch: int, first: float | None, waits: list[float], wall: float,
-              steps: int, worker_loads: list | None = None, *,
+              steps: int, worker_loads: Sequence[Stamp] | None = None, *,
               batches: int | None = None, window: int | None = None) -> Summary:
     """`wall` spans `steps` steps, from the first batch's arrival on. `worker_loads`:
     one stamp per batch (see split_stamps)."""
@@ -129,10 +148,10 @@ class BatchTimer(StandsIn, Generic[T]):
     """
 
     def __init__(self, iterable: Iterable[T], *, name: str = "batches", log_every: int = 100,
-                 log_path: str | os.PathLike | None = None,
+                 log_path: str | os.PathLike[str] | None = None,
                  logger: logging.Logger | None = None, stamped: bool = False,
                  clock: Callable[[], float] = perf_counter, tensorboard: Any = None,
-                 pushgateway: str | None = None, sinks: Iterable[Sink] = ()):
+                 pushgateway: str | None = None, sinks: Iterable[Sink] = ()) -> None:
         self.iterable = iterable
         self.clock = clock
         self.name = name
@@ -149,7 +168,7 @@ class BatchTimer(StandsIn, Generic[T]):
     def _reset(self) -> None:
         self.first: float | None = None
         self.waits: list[float] = []
-        self.worker_loads: list[float] = []
+        self.worker_loads: list[Stamp] = []
         self._t_first = self._t_last = self._t_window = 0.0
         self._ended = False    # the last step (after the last batch) is inside the wall time
 
@@ -244,7 +263,8 @@ class BatchTimer(StandsIn, Generic[T]):
             sink(summary, final, step)
 
 
-def emit(summary: Summary, *, final: bool, logger: logging.Logger = log, log_path=None) -> None:
+def emit(summary: Summary, *, final: bool, logger: logging.Logger = log,
+         log_path: str | os.PathLike[str] | None = None) -> None:
     """Log a summary, and append it as one JSON line to `log_path` when given."""
     target = ready(logger)
     if target is not None and target.isEnabledFor(logging.INFO):
@@ -259,7 +279,7 @@ def emit(summary: Summary, *, final: bool, logger: logging.Logger = log, log_pat
 
 
 def timed(iterable: Iterable[T], *, name: str = "batches", log_every: int = 100,
-          log_path: str | os.PathLike | None = None, logger: logging.Logger | None = None,
+          log_path: str | os.PathLike[str] | None = None, logger: logging.Logger | None = None,
           stamped: bool = False, clock: Callable[[], float] = perf_counter,
           tensorboard: Any = None, pushgateway: str | None = None,
           sinks: Iterable[Sink] = ()) -> BatchTimer[T]:

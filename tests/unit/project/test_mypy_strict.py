@@ -1,5 +1,6 @@
 """The packages that touch the kernel (backends/, with parts/, block/, tend/, engine/,
-system/, hotcopy/, observe/ and cli/) are type-checked with every flag of mypy's `--strict`, set per module in pyproject.toml's [tool.mypy]: read
+system/, hotcopy/, observe/ and cli/) and adapters/ (the training side) are type-checked
+with every flag of mypy's `--strict`, set per module in pyproject.toml's [tool.mypy]: read
 here the way mypy reads it, so that relaxing one flag fails a test, and checked on a
 planted untyped def, so that the setting demonstrably reaches those packages."""
 
@@ -18,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[3]
 STRICT_PACKAGES = ("hotcache.provision.backends", "hotcache.provision.block",
                    "hotcache.provision.tend", "hotcache.provision.engine",
                    "hotcache.provision.system", "hotcache.provision.hotcopy",
-                   "hotcache.provision.observe", "hotcache.provision.cli")
+                   "hotcache.provision.observe", "hotcache.provision.cli",
+                   "hotcache.adapters")
 # Each package itself, a module of it and of a subpackage.
 MODULES = ("hotcache.provision.backends", "hotcache.provision.backends.bcache",
            "hotcache.provision.backends.parts", "hotcache.provision.backends.parts.dmtable",
@@ -29,7 +31,8 @@ MODULES = ("hotcache.provision.backends", "hotcache.provision.backends.bcache",
            "hotcache.provision.system", "hotcache.provision.system.beneath",
            "hotcache.provision.hotcopy", "hotcache.provision.hotcopy.copier",
            "hotcache.provision.observe", "hotcache.provision.observe.doctor",
-           "hotcache.provision.cli", "hotcache.provision.cli.common")
+           "hotcache.provision.cli", "hotcache.provision.cli.common",
+           "hotcache.adapters", "hotcache.adapters.dataroot")
 
 
 def options(*args: str):
