@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import shlex
+from typing import Any
 
 
 class ExitCode:
@@ -40,7 +41,7 @@ class HotcacheError(Exception):
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\n  next: {self.hint}"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {
             "error": type(self).__name__,
             "message": self.message,
@@ -69,7 +70,7 @@ class Interrupted(BaseException):
     def __str__(self) -> str:
         return self.message
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"error": type(self).__name__, "message": self.message, "hint": self.hint,
                 "exit_code": self.exit_code, "signal": self.signal_name}
 
@@ -91,7 +92,7 @@ class SpecError(HotcacheError):
         many = f" ({len(problems)} problems)" if len(problems) > 1 else ""
         super().__init__(f"{source}: invalid host spec{many}\n{lines}", hint=hint)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "problems": self.problems,
                 "locations": [{"line": at[0], "column": at[1]} if at else None
                               for at in self.locations]}
@@ -117,7 +118,7 @@ class CommandFailed(HotcacheError):
         detail = self.stderr.splitlines()[-1] if self.stderr else "(no output)"
         super().__init__(f"`{shlex.join(self.argv)}` exited {returncode}: {detail}")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "argv": self.argv, "returncode": self.returncode,
                 "stderr": self.stderr}
 
@@ -179,7 +180,7 @@ class OsFailure(HotcacheError):
                    hint=hints.get(name or "", "fix the cause and run the same command again"),
                    errno_name=name, path=paths[0] if paths else None)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "errno": self.errno_name, "path": self.path}
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -17,7 +19,8 @@ from hotcache.provision.errors import UsageError
 from hotcache.provision.records import CacheEntry, ValidationError, problems
 from hotcache.provision.system.atomic import locked, write_atomic
 from hotcache.provision.system.clock import now
-from hotcache.provision.system.statepath import DEFAULT_STATE, state_path  # noqa: F401  (re-exported)
+from hotcache.provision.system.statepath import DEFAULT_STATE as DEFAULT_STATE  # re-exported
+from hotcache.provision.system.statepath import state_path as state_path  # re-exported
 
 SCHEMA_VERSION = 1
 # libyaml's parser and emitter where PyYAML has them (its wheels do): a command reads the
@@ -26,7 +29,7 @@ _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
-def empty() -> dict:
+def empty() -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "tool_version": __version__, "caches": {}}
 
 
@@ -35,7 +38,7 @@ BROKEN_HINT = ("restore it from a backup (or point --state at the right file); o
                "device hotcache built looks foreign to it, so nothing is changed")
 
 
-def load(path: Path) -> dict:
+def load(path: Path) -> dict[str, Any]:
     """The mapping, each of its `caches` a `records.CacheEntry`; a missing file is "no
     caches", but an empty, unparsable, truncated or hand-broken one is an error: read as
     "no caches" (or an entry read without a field) it would make devices hotcache built
@@ -70,7 +73,7 @@ def load(path: Path) -> dict:
     return data
 
 
-def _entry(path: Path, name, entry: dict) -> CacheEntry:
+def _entry(path: Path, name: object, entry: dict[str, Any]) -> CacheEntry:
     """An entry whole, or an error naming each field that is missing or of the wrong
     type (deleted or edited by hand: the file is whole, so _check_whole cannot tell)."""
     try:
@@ -83,7 +86,7 @@ def _entry(path: Path, name, entry: dict) -> CacheEntry:
                               + BROKEN_HINT) from None
 
 
-def _check_whole(path: Path, data: dict) -> None:
+def _check_whole(path: Path, data: dict[str, Any]) -> None:
     """A mapping cut at a line boundary still parses: as fewer caches, or as an entry
     with fields missing (a cut inside the last one). save() writes `entries` (how many
     caches) and then `updated`, last, so a file cut anywhere lacks `updated`, and one
@@ -99,7 +102,7 @@ def _check_whole(path: Path, data: dict) -> None:
                          hint=BROKEN_HINT)
 
 
-def save(path: Path, data: dict) -> None:
+def save(path: Path, data: dict[str, Any]) -> None:
     """Write `data` (its caches CacheEntry records, or dicts checked into them here: an
     entry hotcache could not load again is never written)."""
     caches = data.setdefault("caches", {})
@@ -128,7 +131,8 @@ def lock_timeout() -> float:
 
 
 @contextlib.contextmanager
-def holding(path: Path, holder: str, waiting=None):
+def holding(path: Path, holder: str,
+            waiting: Callable[[str], None] | None = None) -> Iterator[None]:
     """Hold the mapping's lock for a whole command (plan, confirmation, every step), so
     two runs (an administrator's apply and the boot's restore) never interleave. A second
     run waits, told who holds it, and gives up after lock_timeout() (exit 8)."""
@@ -137,7 +141,7 @@ def holding(path: Path, holder: str, waiting=None):
 
 
 @contextlib.contextmanager
-def editing(path: Path):
+def editing(path: Path) -> Iterator[dict[str, Any]]:
     """Lock, load, let the caller change the dict (and its CacheEntry records), save
     atomically."""
     with locked(path, timeout=lock_timeout()):

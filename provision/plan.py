@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from hotcache.provision.system.runner import Runner
 
@@ -37,7 +37,7 @@ class RunContext:
 class Step:
     cache: str
     summary: str
-    argv: list = field(default_factory=list)           # list[str | Ref]
+    argv: list[str | Ref] = field(default_factory=list)
     action: Callable[[RunContext], None] | None = None  # hotcache's own work
     capture: str | None = None                          # Ref key set from stdout
     destructive: bool = False
@@ -60,7 +60,7 @@ class Step:
         if self.action is not None:
             self.action(ctx)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"cache": self.cache, "summary": self.summary,
                 "argv": [str(a) for a in self.argv] or None,
                 "destructive": self.destructive}
@@ -77,6 +77,6 @@ class Plan:
     def empty(self) -> bool:
         return not self.steps
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"changes": len(self.steps), "steps": [s.to_json() for s in self.steps],
                 "unchanged": self.unchanged, "notes": self.notes}

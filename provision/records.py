@@ -17,13 +17,17 @@ keeps a `BackendState` with whatever keys it had.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny,
                       ValidationError, model_serializer, model_validator)
 from pydantic_core import ErrorDetails, InitErrorDetails
 
 from hotcache.provision.system.strenum import StrEnum
+
+if TYPE_CHECKING:
+    from pydantic import ModelWrapValidatorHandler, SerializerFunctionWrapHandler
+    from typing_extensions import Self
 
 __all__ = ["CacheEntry", "EntryState", "DeviceRecord", "Filesystem", "HotCopy", "OnOrigin",
            "ValidationError",
@@ -36,21 +40,21 @@ class Record(BaseModel):
 
     @model_validator(mode="wrap")
     @classmethod
-    def _remember_order(cls, data: Any, handler):
+    def _remember_order(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
         record = handler(data)
         if isinstance(data, dict):
             record._order = list(data)
         return record
 
     @model_serializer(mode="wrap")
-    def _in_read_order(self, handler):
+    def _in_read_order(self, handler: SerializerFunctionWrapHandler) -> Any:
         out = handler(self)
         if not self._order or not isinstance(out, dict):
             return out
         first = {k: out[k] for k in self._order if k in out}
         return first | {k: v for k, v in out.items() if k not in first}
 
-    def dump(self) -> dict:
+    def dump(self) -> dict[str, Any]:
         """The record as the mapping file holds it."""
         return self.model_dump(mode="json", exclude_unset=True)
 

@@ -1,6 +1,5 @@
-"""The packages that touch the kernel (backends/, with parts/, block/, tend/, engine/,
-system/, hotcopy/, observe/ and cli/) and adapters/ (the training side) are type-checked
-with every flag of mypy's `--strict`, set per module in pyproject.toml's [tool.mypy]: read
+"""Every module of hotcache (provision/ with its top-level modules and each package, and
+adapters/, the training side) is type-checked with every flag of mypy's `--strict`, set per module in pyproject.toml's [tool.mypy]: read
 here the way mypy reads it, so that relaxing one flag fails a test, and checked on a
 planted untyped def, so that the setting demonstrably reaches those packages."""
 
@@ -16,13 +15,14 @@ import pytest
 mypy_main = pytest.importorskip("mypy.main")
 
 ROOT = Path(__file__).resolve().parents[3]
-STRICT_PACKAGES = ("hotcache.provision.backends", "hotcache.provision.block",
+STRICT_PACKAGES = ("hotcache.provision", "hotcache.provision.backends", "hotcache.provision.block",
                    "hotcache.provision.tend", "hotcache.provision.engine",
                    "hotcache.provision.system", "hotcache.provision.hotcopy",
                    "hotcache.provision.observe", "hotcache.provision.cli",
                    "hotcache.adapters")
 # Each package itself, a module of it and of a subpackage.
-MODULES = ("hotcache.provision.backends", "hotcache.provision.backends.bcache",
+MODULES = ("hotcache.provision", "hotcache.provision.mapping", "hotcache.provision.records",
+           "hotcache.provision.backends", "hotcache.provision.backends.bcache",
            "hotcache.provision.backends.parts", "hotcache.provision.backends.parts.dmtable",
            "hotcache.provision.block", "hotcache.provision.block.host",
            "hotcache.provision.tend", "hotcache.provision.tend.failover",
