@@ -420,9 +420,9 @@ class DmCache(Backend):
         # The filesystem starts past hotcache's header: mapped as the fail-over leaves it
         # (the cache device a linear mapping of the whole origin, the top device on it),
         # so a new SSD is attached under it as under a switched cache.
-        sectors = self._sectors(origin)
-        info = entry.devices.get("origin")
-        shown = next(iter(info.by_id or []), origin) if info is not None else origin
+        # present_origin proved the origin against its record, its size included
+        info = entry.devices["origin"]
+        sectors, shown = info.size // 512, next(iter(info.by_id or []), origin)
         p.command(f"map the whole origin {origin} as {names['cache']}, without the failed "
                   "cache", ["dmsetup", "create", names["cache"], "--table",
                             f"0 {sectors} linear {origin} 0"])
@@ -446,14 +446,6 @@ class DmCache(Backend):
         kept = {"names": names_of(entry), "fs_offset": st.fs_offset,
                 "origin_header_uuid": st.origin_header_uuid}
         return {key: value for key, value in kept.items() if value is not None}
-
-    def _sectors(self, node: str) -> int:
-        """The size of block device `node` in sectors, as the kernel reports it now."""
-        where = f"{self.host.sysfs(node)}/size"
-        size = self.host.read(where)
-        if size is None or not size.strip().isdigit():
-            raise ProbeFailed(["cat", where], 1, "", f"cannot read the size of {node}")
-        return int(size)
 
     @classmethod
     def forget_loses(cls, entry: CacheEntry) -> list[str]:
