@@ -16,8 +16,8 @@ import zlib
 
 import pytest
 import yaml
-from vmlib import (MOUNTS, PERSIST, behind_header, checksums, drop_caches, hotcache, poll,
-                   sh, status, write_files)
+from vmlib import (MOUNTS, PERSIST, behind_header, checksums, dm_ssd, drop_caches,
+                   hotcache, one_cache_spec, poll, sh, status, write_files)
 
 from cases import SSD2_PARTS_MIB
 
@@ -186,12 +186,10 @@ def test_origin_failing_during_teardown_keeps_everything(backend, n, monkeypatch
     # own while its filesystem's first blocks are dirty in the cache.
     sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table", linear)
     sh("udevadm", "settle")
-    spec = PERSIST / f"spec-{name}.yaml"
-    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
-        "name": name, "backend": backend, "mode": "writeback",
-        "tunables": {"migration_threshold": 64} if backend == "dm-cache" else {},
-        "origin": f"/dev/mapper/{dm}", "cache": f"/dev/disk/by-id/virtio-ssd-part{n}",
-        "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    spec = one_cache_spec(
+        name, backend=backend, mode="writeback",
+        tunables={"migration_threshold": 64} if backend == "dm-cache" else {},
+        origin=f"/dev/mapper/{dm}", cache=f"/dev/disk/by-id/virtio-ssd-part{n}")
     res = hotcache("apply", spec, "--yes")
     assert res.code == 0, res.out
     folder = MOUNTS / name / "data"
@@ -278,17 +276,11 @@ def test_failed_ssd_named_and_torn_down(backend, n, hdd):
     attaches a new cache to that filesystem (never formatting it) and every file reads
     back through it."""
     ssd = f"/dev/disk/by-id/virtio-ssd-part{n}"       # free again after the case above
-    sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
-    sectors = int(sh("blockdev", "--getsz", ssd).stdout)
     dm, name = f"ssdfail{n}", f"w{n}"
-    sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table",
-       f"0 {sectors} linear {os.path.realpath(ssd)} 0")
-    sh("udevadm", "settle")
-    spec = PERSIST / f"spec-{name}.yaml"
-    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
-        "name": name, "backend": backend, "mode": "writethrough",
-        "origin": f"/dev/disk/by-id/virtio-hdd-part{hdd}", "cache": f"/dev/mapper/{dm}",
-        "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    sectors = dm_ssd(ssd, dm)
+    spec = one_cache_spec(name, backend=backend, mode="writethrough",
+                          origin=f"/dev/disk/by-id/virtio-hdd-part{hdd}",
+                          cache=f"/dev/mapper/{dm}")
     res = hotcache("apply", spec, "--yes")
     assert res.code == 0, res.out
     fs_uuid = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name][
@@ -346,11 +338,8 @@ def test_failed_ssd_named_and_torn_down(backend, n, hdd):
     # is mounted from the origin on the cache's mountpoint as the teardown's note says:
     # apply attaches a new cache to that filesystem and formats nothing.
     sh("dmsetup", "remove", dm)
-    sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
     new = f"ssdnew{n}"
-    sh("dmsetup", "create", new, "--uuid", f"HOTCACHE-TEST-{new}", "--table",
-       f"0 {sectors} linear {os.path.realpath(ssd)} 0")
-    sh("udevadm", "settle")
+    sectors = dm_ssd(ssd, new)
     sh("mount", "-o", "noatime", f"UUID={fs_uuid}", MOUNTS / name)
     spec.write_text(spec.read_text().replace(f"/dev/mapper/{dm}", f"/dev/mapper/{new}"))
     res = hotcache("apply", spec, "--yes")
@@ -380,17 +369,11 @@ def test_failed_writeback_ssd_needs_the_loss_acknowledged():
     `--accept-loss` covers what status reported, and then ends with exit 0 and the
     filesystem check in its notes. Reuses the dm-cache pair the case above freed."""
     ssd = "/dev/disk/by-id/virtio-ssd-part4"
-    sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
-    sectors = int(sh("blockdev", "--getsz", ssd).stdout)
     dm, name = "ssdwb", "wb"
-    sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table",
-       f"0 {sectors} linear {os.path.realpath(ssd)} 0")
-    sh("udevadm", "settle")
-    spec = PERSIST / f"spec-{name}.yaml"
-    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
-        "name": name, "backend": "dm-cache", "mode": "writeback", "tunables": HOLD,
-        "origin": {"path": "/dev/disk/by-id/virtio-hdd-part6", "wipe": True},
-        "cache": f"/dev/mapper/{dm}", "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    sectors = dm_ssd(ssd, dm)
+    spec = one_cache_spec(name, backend="dm-cache", mode="writeback", tunables=HOLD,
+                          origin={"path": "/dev/disk/by-id/virtio-hdd-part6", "wipe": True},
+                          cache=f"/dev/mapper/{dm}")
     res = hotcache("apply", spec, "--yes")
     assert res.code == 0, res.out
     write_files(MOUNTS / name / "data", 40, 64 * 1024, "d")
@@ -533,17 +516,11 @@ def test_failover_keeps_the_filesystem_mounted_and_readers_reading():
     import time
 
     ssd = "/dev/disk/by-id/virtio-ssd-part4"
-    sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
-    sectors = int(sh("blockdev", "--getsz", ssd).stdout)
     dm, name = "fossd", "fo"
-    sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table",
-       f"0 {sectors} linear {os.path.realpath(ssd)} 0")
-    sh("udevadm", "settle")
-    spec = PERSIST / f"spec-{name}.yaml"
-    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
-        "name": name, "backend": "dm-cache", "mode": "writethrough",
-        "origin": {"path": "/dev/disk/by-id/virtio-hdd-part6", "wipe": True},
-        "cache": f"/dev/mapper/{dm}", "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    sectors = dm_ssd(ssd, dm)
+    spec = one_cache_spec(name, backend="dm-cache", mode="writethrough",
+                          origin={"path": "/dev/disk/by-id/virtio-hdd-part6", "wipe": True},
+                          cache=f"/dev/mapper/{dm}")
     res = hotcache("apply", spec, "--yes")
     assert res.code == 0, res.out
     assert (PERSIST / "units" / "hotcache-failover.service").exists()
@@ -617,12 +594,8 @@ def new_ssd_attached_under_the_mount(name: str, spec, failed_dm: str,
     mp = MOUNTS / name
     folder = mp / "data"
     part = "/dev/disk/by-id/virtio-ssd-part3"       # free in this chain
-    sh("dd", "if=/dev/zero", f"of={part}", "bs=1M", "count=2", "oflag=direct")
-    sectors = int(sh("blockdev", "--getsz", part).stdout)
     new = "fonew1"
-    sh("dmsetup", "create", new, "--uuid", f"HOTCACHE-TEST-{new}", "--table",
-       f"0 {sectors} linear {os.path.realpath(part)} 0")
-    sh("udevadm", "settle")
+    sectors = dm_ssd(part, new)
     before = mount_id(mp)
     first = next(iter(sums))
     held = open(folder / first, "rb")
@@ -709,17 +682,11 @@ def test_lvmcache_switched_to_its_origin_is_left_so_for_the_reboot(monkeypatch, 
     (tmp_path / "lvm.conf").write_text(
         f'devices {{ global_filter = [ "r|^{part}$|", "r|ssd-part1$|" ] }}\n')
     monkeypatch.setenv("LVM_SYSTEM_DIR", str(tmp_path))
-    sh("dd", "if=/dev/zero", f"of={part}", "bs=1M", "count=2", "oflag=direct")
-    sectors = int(sh("blockdev", "--getsz", part).stdout)
     dm, name = "lvmfo", "lo"
-    sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table",
-       f"0 {sectors} linear {part} 0")
-    sh("udevadm", "settle")
-    spec = PERSIST / f"spec-{name}.yaml"
-    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
-        "name": name, "backend": "lvmcache", "mode": "writethrough",
-        "origin": {"path": "/dev/disk/by-id/virtio-hdd-part1", "wipe": True},
-        "cache": f"/dev/mapper/{dm}", "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    sectors = dm_ssd(part, dm)
+    spec = one_cache_spec(name, backend="lvmcache", mode="writethrough",
+                          origin={"path": "/dev/disk/by-id/virtio-hdd-part1", "wipe": True},
+                          cache=f"/dev/mapper/{dm}")
     res = hotcache("apply", spec, "--yes")
     assert res.code == 0, res.out
     folder = MOUNTS / name / "data"

@@ -16,8 +16,8 @@ from pathlib import Path
 import yaml
 from guest_safety import (BYSTANDER, CACHE_BY_ID, CACHES, device_sum, dirty,
                           fails_over_under_the_mounted_filesystem)
-from vmlib import (MOUNTS, PERSIST, behind_header, checksums, drop_caches, hotcache, poll,
-                   sh, status, write_files)
+from vmlib import (MOUNTS, PERSIST, behind_header, checksums, dm_ssd, drop_caches,
+                   hotcache, one_cache_spec, poll, sh, status, write_files)
 
 
 def bystander_unchanged() -> bool:
@@ -170,17 +170,11 @@ def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch,
     (conf / "lvm.conf").write_text(
         f'devices {{ global_filter = [ "r|^{part}$|", "r|ssd2-part2$|" ] }}\n')
     monkeypatch.setenv("LVM_SYSTEM_DIR", str(conf))
-    sh("dd", "if=/dev/zero", f"of={part}", "bs=1M", "count=2", "oflag=direct")
-    sectors = int(sh("blockdev", "--getsz", part).stdout)
     dm, name = "lvmfail", "lf"
-    sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table",
-       f"0 {sectors} linear {part} 0")
-    sh("udevadm", "settle")
-    spec = PERSIST / f"spec-{name}.yaml"
-    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
-        "name": name, "backend": "lvmcache", "mode": "writethrough",
-        "origin": {"path": "/dev/disk/by-id/virtio-ssd2-part1", "wipe": True},
-        "cache": f"/dev/mapper/{dm}", "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    sectors = dm_ssd(part, dm)
+    spec = one_cache_spec(name, backend="lvmcache", mode="writethrough",
+                          origin={"path": "/dev/disk/by-id/virtio-ssd2-part1", "wipe": True},
+                          cache=f"/dev/mapper/{dm}")
     res = hotcache("apply", spec, "--yes")
     assert res.code == 0, res.out
     fs_uuid = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name][
@@ -215,11 +209,8 @@ def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch,
 
     # A new SSD: the same partition, zeroed (the stale PV label goes), a new dm UUID.
     sh("dmsetup", "remove", dm)
-    sh("dd", "if=/dev/zero", f"of={part}", "bs=1M", "count=2", "oflag=direct")
     new = "lvmnew"
-    sh("dmsetup", "create", new, "--uuid", f"HOTCACHE-TEST-{new}", "--table",
-       f"0 {sectors} linear {part} 0")
-    sh("udevadm", "settle")
+    sectors = dm_ssd(part, new)
     spec.write_text(spec.read_text().replace(f"/dev/mapper/{dm}", f"/dev/mapper/{new}"))
     res = hotcache("apply", spec, "--yes")
     assert res.code == 0, res.out
@@ -373,12 +364,8 @@ def test_a_cache_on_its_origin_is_mounted_from_the_origin_after_the_reboot():
                for f in row["findings"]), row["findings"]
 
     ssd = "/dev/disk/by-id/virtio-ssd-part4"
-    sh("dd", "if=/dev/zero", f"of={ssd}", "bs=1M", "count=2", "oflag=direct")
-    sectors = int(sh("blockdev", "--getsz", ssd).stdout)
     new = "fonew"
-    sh("dmsetup", "create", new, "--uuid", f"HOTCACHE-TEST-{new}", "--table",
-       f"0 {sectors} linear {os.path.realpath(ssd)} 0")
-    sh("udevadm", "settle")
+    dm_ssd(ssd, new)
     fs_uuid = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name][
         "filesystem"]["uuid"]
     spec = PERSIST / f"spec-{name}.yaml"

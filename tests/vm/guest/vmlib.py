@@ -136,3 +136,24 @@ def behind_header(origin) -> str | None:
     assert fields["role"] == "origin", fields
     return sh("losetup", "--find", "--show", "--read-only", "--offset",
               fields["filesystem_offset_bytes"], origin).stdout.strip()
+
+
+def dm_ssd(part: str, dm: str) -> int:
+    """A test SSD: partition `part` zeroed at its start, under a dm-linear device `dm`
+    with a dm UUID (a stable identity, which a partition's table can also give, and a
+    table the case can switch to the error target to fail it). Its size in sectors."""
+    sh("dd", "if=/dev/zero", f"of={part}", "bs=1M", "count=2", "oflag=direct")
+    sectors = int(sh("blockdev", "--getsz", part).stdout)
+    sh("dmsetup", "create", dm, "--uuid", f"HOTCACHE-TEST-{dm}", "--table",
+       f"0 {sectors} linear {os.path.realpath(part)} 0")
+    sh("udevadm", "settle")
+    return sectors
+
+
+def one_cache_spec(name: str, **cache) -> Path:
+    """PERSIST/spec-NAME.yaml: a spec of the one cache `name` with the fields `cache`,
+    mounted at MOUNTS/NAME."""
+    spec = PERSIST / f"spec-{name}.yaml"
+    spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
+        "name": name, **cache, "filesystem": {"mountpoint": str(MOUNTS / name)}}]}))
+    return spec
