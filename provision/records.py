@@ -64,14 +64,14 @@ class Identity(Record):
     wwn: str | None = None
     serial: str | None = None
     partuuid: str | None = None
-    partn: int | None = None
+    partn: int | None = Field(None, ge=1)
     backing_file: str | None = None
 
 
 class DeviceRecord(Record):
     """One device of a cache (`devices.<role>`): found again by identity, never by node."""
     node: str
-    size: int
+    size: int = Field(ge=0)
     by_id: list[str] | None = None
     identity: Identity | None = None      # None: written before identities were recorded
     path: str | None = None               # the spec's `path:`
@@ -96,16 +96,16 @@ class HotCopy(Record):
     """A hot copy on the cache (hotcopy/catalog.RECORDED)."""
     name: str | None = None
     version: str | int | float | None = None
-    files: int | None = None
-    bytes: int | None = None
+    files: int | None = Field(None, ge=0)
+    bytes: int | None = Field(None, ge=0)
     copied_at: str | None = None
     verified_at: str | None = None
     verify_ok: bool | None = None
     # The published folder as hotcache made it: a folder found at that path later with
     # another inode or owner is not this copy (someone replaced it).
-    dev: int | None = None
-    inode: int | None = None
-    uid: int | None = None
+    dev: int | None = Field(None, ge=0)
+    inode: int | None = Field(None, ge=0)
+    uid: int | None = Field(None, ge=0)
 
 
 class OnOrigin(Record):
@@ -130,19 +130,19 @@ class BcacheState(BackendState):
 
 
 class DmCacheState(BackendState):
-    block_sectors: int | None = None
-    meta_sectors: int | None = None
-    data_sectors: int | None = None
+    block_sectors: int | None = Field(None, gt=0)
+    meta_sectors: int | None = Field(None, gt=0)
+    data_sectors: int | None = Field(None, gt=0)
     names: dict[str, str] | None = None   # part (top, cache, meta, data) -> dm name
     table: str | None = None
     # hotcache's header at the start of the SSD (block/header.py): the sectors it keeps
     # (0 for a cache built before there was one) and the UUID that proves the SSD.
-    header_sectors: int | None = None
+    header_sectors: int | None = Field(None, ge=0)
     header_uuid: str | None = None
     # Where the filesystem starts on the origin, in sectors: after hotcache's header on
     # the origin (its UUID proves the origin), so the bare origin never shows the
     # filesystem. 0 or None: a cache built before, its filesystem at the origin's start.
-    fs_offset: int | None = None
+    fs_offset: int | None = Field(None, ge=0)
     origin_header_uuid: str | None = None
 
 

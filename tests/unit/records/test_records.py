@@ -179,6 +179,37 @@ def test_a_field_of_the_wrong_type_is_refused_not_converted(tmp_path, path_, val
     assert f"caches.c2.{said}" in refusal(path)
 
 
+@pytest.mark.parametrize("shape, path_, value, said", [
+    ("bcache", ("devices", "origin", "size"), -1, "devices.origin.size: input should be "
+     "greater than or equal to 0"),
+    ("bcache", ("devices", "cache", "identity", "partn"), 0, "devices.cache.identity.partn: "
+     "input should be greater than or equal to 1"),
+    ("bcache", ("hot_copies", "/srv/hot/imagenet", "files"), -3, "hot_copies./srv/hot/imagenet"
+     ".files: input should be greater than or equal to 0"),
+    ("bcache", ("hot_copies", "/srv/hot/imagenet", "inode"), -1, "hot_copies./srv/hot/imagenet"
+     ".inode: input should be greater than or equal to 0"),
+    ("dm-cache", ("backend_state", "data_sectors"), 0, "backend_state.data_sectors: input "
+     "should be greater than 0"),
+    ("dm-cache", ("backend_state", "fs_offset"), -2048, "backend_state.fs_offset: input "
+     "should be greater than or equal to 0"),
+])
+def test_a_count_or_size_below_its_range_is_refused(tmp_path, shape, path_, value, said):
+    """Sizes, sector counts, file counts and inode numbers edited by hand below their
+    range are refused with their path: a dm-cache rebuilt from 0 data sectors, or a copy
+    matched against inode -1, would be another cache or another copy."""
+    broken = yaml.safe_load(yaml.safe_dump(SHAPES[shape]))
+    *parents, last = path_
+    holder = broken
+    for key in parents:
+        holder = holder[key]
+    holder[last] = value
+    path = tmp_path / "mappings.yaml"
+    path.write_text(written({"c2": broken}))
+    before = path.read_bytes()
+    assert f"caches.c2.{said}" in refusal(path)
+    assert path.read_bytes() == before
+
+
 def test_an_entry_hotcache_could_not_load_again_is_never_saved(tmp_path):
     path = tmp_path / "mappings.yaml"
     mapping.save(path, {"caches": {"c1": SHAPES["none"]}})
