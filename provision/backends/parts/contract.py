@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from hotcache.provision.block.blockdev import DeviceReport
@@ -21,24 +21,19 @@ class Labelled(Protocol):
 
 
 class Device(Protocol):
-    """A spec device resolved against the host (the engine's Device)."""
+    """A spec device resolved against the host (the engine's Device). Plain members are
+    the engine's own fields, of the same type; `ref` is a read-only property because a
+    backend asks less of it (a label) than the engine's DeviceRef holds."""
+
+    role: str
+    node: str | Ref
+    size: int
+    report: DeviceReport | None
+    fs: dict[str, str]
+    proven: bool
 
     @property
-    def role(self) -> str: ...
-    @property
     def ref(self) -> Labelled: ...
-    @property
-    def node(self) -> str | Ref: ...
-    @property
-    def present(self) -> bool: ...
-    @property
-    def size(self) -> int: ...
-    @property
-    def report(self) -> DeviceReport | None: ...
-    @property
-    def fs(self) -> dict[str, Any]: ...
-    @property
-    def proven(self) -> bool: ...
 
 
 class CacheSpec(Protocol):
@@ -58,20 +53,17 @@ class Env(Protocol):
 
 
 class Planner(Protocol):
-    """Collects the steps of one cache (the engine's Planner)."""
+    """Collects the steps of one cache (the engine's Planner). `env` is a read-only
+    property: a backend reads only the mapping's path from the engine's Env."""
+
+    cache: str
+    plan: Plan
+    refusals: list[str]
+    restoring: bool
+    released: set[str]
 
     @property
     def env(self) -> Env: ...
-    @property
-    def cache(self) -> str: ...
-    @property
-    def plan(self) -> Plan: ...
-    @property
-    def refusals(self) -> list[str]: ...
-    @property
-    def restoring(self) -> bool: ...
-    @property
-    def released(self) -> set[str]: ...
 
     def command(self, summary: str, argv: list[str | Ref], *, capture: str | None = None,
             destructive: bool = False, devices: tuple[str, ...] = (),
