@@ -57,13 +57,17 @@ def copy(
     budget: Optional[str] = typer.Option(None, "--budget", metavar="SIZE|PCT",
                                          help="Like --fit, within this budget: 80% of the "
                                               "fast tier's filesystem, or a size (200G)."),
+    margin: float = typer.Option(0.2, "--margin",
+                                 help="Free space required beyond the bytes to copy (0.2 = 20%)."),
+    no_space_check: bool = typer.Option(False, "--no-space-check",
+                                        help="Skip the free-space check (a full filesystem "
+                                             "still fails cleanly)."),
     redraw: bool = typer.Option(False, "--redraw",
                                 help="A refresh of a --fit copy keeps its members; this "
                                      "draws them again (with --fit or --budget)."),
     name: Optional[str] = typer.Option(None, "--name", help="Dataset name [default: SRC's name]."),
     version: Optional[str] = typer.Option(None, "--version",
                                           help="Version label [default: previous + 1, or 1]."),
-    jobs: int = JobsOpt, metrics_dir: Optional[Path] = MetricsDirOpt,
     owner: Optional[str] = typer.Option(None, "--owner", metavar="USER:GROUP",
                                         help="Give the copy to this user (root only)."),
     mode: Optional[str] = typer.Option(None, "--mode", metavar="OCTAL",
@@ -72,19 +76,15 @@ def copy(
     checksum: bool = typer.Option(False, "--checksum",
                                   help="On refresh, compare files by sha256 instead of size "
                                        "and modification time."),
-    margin: float = typer.Option(0.2, "--margin",
-                                 help="Free space required beyond the bytes to copy (0.2 = 20%)."),
-    no_space_check: bool = typer.Option(False, "--no-space-check",
-                                        help="Skip the free-space check (a full filesystem "
-                                             "still fails cleanly)."),
-    bwlimit: Optional[str] = typer.Option(None, "--bwlimit", metavar="RATE",
-                                          help="Read at most RATE bytes/s from SRC, e.g. 200M, "
-                                               "to spare an array that training also reads."),
     verify: bool = typer.Option(False, "--verify",
                                 help="Before publishing, read the copy back from the device "
                                      "and check every hash (costs a second read of DEST)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Say which files would be copied "
                                  "and whether they fit, and copy nothing."),
+    jobs: int = JobsOpt, metrics_dir: Optional[Path] = MetricsDirOpt,
+    bwlimit: Optional[str] = typer.Option(None, "--bwlimit", metavar="RATE",
+                                          help="Read at most RATE bytes/s from SRC, e.g. 200M, "
+                                               "to spare an array that training also reads."),
     as_json: bool = JsonOpt, state: Optional[Path] = StateOpt,
 ) -> None:
     """Copy (part of) a dataset to the fast tier as a verified hot copy.
