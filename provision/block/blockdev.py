@@ -224,7 +224,12 @@ def fs_identity(host: Host, node: str, *, offset: int = 0) -> dict[str, str]:
     """TYPE, UUID, LABEL as blkid reads them from the device itself (no cache), or from
     `offset` bytes in (a filesystem behind hotcache's header). blkid exits 2 for
     "nothing found" and, silently, for a device it could not open: only a quiet exit 2
-    on a device we can open reads as blank."""
+    on a device we can open reads as blank. While a plan is made (Host.holding_probes)
+    a device is read once."""
+    return dict(host.held(("blkid", node, str(offset)), lambda: _blkid(host, node, offset)))
+
+
+def _blkid(host: Host, node: str, offset: int) -> dict[str, str]:
     at = ["--offset", str(offset)] if offset else []
     argv = ["blkid", "--probe", *at, "--output", "export", node]
     res = probe.run(host.runner, argv, absent_rc=(2,))

@@ -14,8 +14,10 @@ open.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar, cast
 from pathlib import Path
 
 from hotcache.provision.errors import MissingProgram
@@ -25,6 +27,7 @@ from hotcache.provision.system.runner import PACKAGES, SEARCH_PATH, Result, Runn
 
 # A path of the host (/dev/vdb, /sys/class/block/vdb), as a string or a path object.
 HostPath: TypeAlias = "str | os.PathLike[str]"
+T = TypeVar("T")
 
 
 @dataclass
@@ -41,6 +44,35 @@ class Host:
         self.runner = runner if runner is not None else Runner()
         self.root = Path(root)
         self._udev: Any = None  # pyudev's Context, made on first use
+        self._held: dict[tuple[str, ...], Any] | None = None   # see holding_probes
+
+    # --- answers held while planning ------------------------------------------------
+    @contextmanager
+    def holding_probes(self) -> Iterator[None]:
+        """Within: a read-only probe asked again with the same arguments (blkid of one
+        device, the kernel's device-mapper) gets the answer it got the first time
+        instead of running again. Planning one cache reads each of its devices'
+        signatures several times (the device, its owners, the guard of each step that
+        writes it), and each read is a program run. A plan is made without changing
+        anything; what runs after it (a step, and the guard that proves its device again
+        right before the step) reads afresh, since leaving drops every held answer."""
+        if self._held is not None:
+            yield
+            return
+        self._held = {}
+        try:
+            yield
+        finally:
+            self._held = None
+
+    def held(self, key: tuple[str, ...], read: Callable[[], T]) -> T:
+        """`read()`, or within holding_probes the answer it gave for `key` (a probe
+        that failed is not held: asked again, it runs again)."""
+        if self._held is None:
+            return read()
+        if key not in self._held:
+            self._held[key] = read()
+        return cast(T, self._held[key])
 
     @property
     def real(self) -> bool:
@@ -152,5 +184,6 @@ class Host:
         if feature == "device-mapper":
             if not self.exists("/dev/mapper/control") or self.which("dmsetup") is None:
                 return False
-            return self.query(["dmsetup", "version"]).returncode == 0
+            return self.held(("dmsetup", "version"),
+                             lambda: self.query(["dmsetup", "version"]).returncode == 0)
         return False

@@ -413,6 +413,13 @@ def _header_signature(host: Host, node: str,
 # --- planning --------------------------------------------------------------------
 
 def plan_apply(spec: HostSpec, env: Env, *, restoring: bool = False) -> Plan:
+    """The steps that make the host what `spec` says (or, `restoring`, bring back what
+    the mapping records), each device read once while planning."""
+    with env.host.holding_probes():
+        return _plan_apply(spec, env, restoring=restoring)
+
+
+def _plan_apply(spec: HostSpec, env: Env, *, restoring: bool) -> Plan:
     plan = Plan()
     state = mapping.load(env.state)
     refusals: list[str] = owners.conflicts(spec, state)

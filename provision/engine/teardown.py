@@ -54,6 +54,15 @@ def _refuse_if_failed(name: str, entry: CacheEntry, env: Env,
 def plan_teardown(name: str, env: Env, *, wipe: bool = False, forget: bool = False,
                   remove_images: bool = False, cache_failed: bool = False,
                   accept_loss: str | None = None) -> Plan:
+    """The steps that take cache `name` down (or forget it), each device read once while
+    planning."""
+    with env.host.holding_probes():
+        return _plan_teardown(name, env, wipe=wipe, forget=forget, remove_images=remove_images,
+                              cache_failed=cache_failed, accept_loss=accept_loss)
+
+
+def _plan_teardown(name: str, env: Env, *, wipe: bool, forget: bool, remove_images: bool,
+                   cache_failed: bool, accept_loss: str | None) -> Plan:
     data = mapping.load(env.state)
     entry = data["caches"].get(name)
     if entry is None and name in reattach.detached(data):
