@@ -38,10 +38,10 @@ SAFETY_BOOT2 = ("test_disks_changed_order", "test_teardown_of_a_cache_not_loaded
                 "test_teardown_after_restore_puts_every_file_on_the_origin",
                 "test_lvmcache_records_its_pv_vg_and_lv_uuids",
                 "test_lvmcache_lv_renamed_between_boots_is_refused_and_nothing_is_wiped",
-                "test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached",
                 "test_swapped_equal_size_ssds_are_never_mixed_up_and_a_failed_restore_mounts_nothing",
                 "test_a_cache_on_its_origin_is_mounted_from_the_origin_after_the_reboot",
-                "test_lvmcache_on_its_origin_is_mounted_from_its_lv_after_the_reboot")
+                "test_lvmcache_on_its_origin_is_mounted_from_its_lv_after_the_reboot",
+                "test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached")
 SAFETY_ORDERS = (("ssd", "hdd", "ssd2", "by"), ("by", "hdd", "ssd", "ssd2"))
 BYSTANDER_MIB = 192
 SSD2_MIB, SSD2_PARTS_MIB = 420, (320, 80)      # part 1: an origin (XFS needs 300 MiB), 2: its cache

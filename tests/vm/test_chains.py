@@ -36,6 +36,10 @@ def test_every_backend_case_runs_in_exactly_one_chain():
     # the power cut is checked in the chain whose first boot ends in it
     (cut,) = [c for c, (_, then) in tier.BACKEND_CHAINS.items() if then == "powercut.py"]
     assert "guest_reboot.py::test_hot_copies_survive_the_power_cut" in shares[cut]
+    # the flush timeout reuses the partition pair of the existing-LV case, after it
+    (pair,) = [s for s in shares.values()
+               if "guest_backends.py::test_lvmcache_attaches_to_existing_lv" in s]
+    assert "guest_backends.py::test_flush_timeout_leaves_the_dirty_cache" in pair
 
 
 @pytest.mark.parametrize("module, faults", [("guest_safety.py", tier.SAFETY_FAULTS),
@@ -48,6 +52,9 @@ def test_every_safety_case_runs_in_exactly_one_chain(module, faults):
     assert faulty and rest and not faulty & rest, (faulty, rest)
     assert faulty | rest == listed, sorted((faulty | rest) ^ listed)
     if module == "guest_safety_reboot.py":
+        # on ssd2, which the safety chain's boots use and the fault chain's do not
+        assert "guest_safety_reboot.py::test_lvmcache_failed_ssd_named_torn_down_and_a_new_" \
+            "one_attached" in faulty
         return
     # the reboot checks what the fail-over case left: it stays in the chain that reboots
     assert "guest_safety.py::test_failover_keeps_the_filesystem_mounted_and_readers_reading" \

@@ -4,11 +4,12 @@ project's venv, and report every guest case here, one host test each.
 
 Four chains of boots, side by side, each on fresh sparse images of its own:
 - the backends: guest/guest_backends.py, then a reboot into guest/guest_reboot.py. Its
-  cases run in two chains: lvmcache's (the slowest) in one, bcache's, dm-cache's and the
-  power cut during hot copies (guest/powercut.py, after the first boot) in the other;
+  cases run in two chains: lvmcache's (the slowest) and the flush timeout in one,
+  bcache's, dm-cache's and the power cut during hot copies (guest/powercut.py, after the
+  first boot) in the other;
 - storage safety: guest/guest_safety.py, then guest/guest_safety_reboot.py with the disks
   in another order; its fault cases in a chain of their own (lvmcache's fail-over with
-  its reboot).
+  its reboot, which also runs lvmcache's failed SSD).
 A guest that cannot boot fails these tests; it never skips them.
 """
 
@@ -111,10 +112,12 @@ def backend_boots(work: Path, cases: str, then: str = "") -> dict:
 # Storage safety's cases that fail a device, in a chain of their own so that the safety
 # chain's two boots are not the tier's long pole: those that clean up after themselves,
 # and lvmcache's fail-over, whose reboot (FAULTS_REBOOT) is that chain's second boot.
-# (dm-cache's fail-over stays: the safety chain's reboot checks what it left.)
+# (dm-cache's fail-over stays: the safety chain's reboot checks what it left.) That
+# second boot also runs lvmcache's failed SSD on ssd2, which no case of the chain uses
+# before it.
 SAFETY_FAULTS = ("failing_during_teardown or failed_ssd_named or failed_writeback or "
                  "lvmcache_switched")
-FAULTS_REBOOT = "lvmcache_on_its_origin"
+FAULTS_REBOOT = "lvmcache_on_its_origin or lvmcache_failed_ssd_named"
 
 
 def safety_images(work: Path) -> None:
@@ -144,11 +147,14 @@ def fault_boots(work: Path) -> dict:
         ("guest_safety_reboot.py", "faults2.xml", "", SAFETY_ORDERS[1], FAULTS_REBOOT)])
 
 
-# The backends' cases in two chains: lvmcache's (its parametrized cases and those named
-# after it) take about as long as bcache's and dm-cache's together. chain -> (-k
-# expression, guest script after the first boot); the expressions are complements, so
-# every backend case runs in exactly one chain (tests/vm/test_chains.py).
-BACKEND_CHAINS = {"backends": ("not lvmcache", "powercut.py"), "lvmcache": ("lvmcache", "")}
+# The backends' cases in two chains of about the same length: lvmcache's (its
+# parametrized cases and those named after it) with the flush timeout, which reuses the
+# partitions of the existing-LV case before it, and bcache's and dm-cache's with the power
+# cut. chain -> (-k expression, guest script after the first boot); the expressions are
+# complements, so every backend case runs in exactly one chain (tests/vm/test_chains.py).
+LVMCACHE_CHAIN = "lvmcache or flush_timeout"
+BACKEND_CHAINS = {"backends": (f"not ({LVMCACHE_CHAIN})", "powercut.py"),
+                  "lvmcache": (LVMCACHE_CHAIN, "")}
 # The chains behind each session fixture, one worker thread each.
 CHAINS = {"guest": {chain: functools.partial(backend_boots, cases=cases, then=then)
                     for chain, (cases, then) in BACKEND_CHAINS.items()},

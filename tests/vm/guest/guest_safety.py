@@ -16,12 +16,10 @@ import zlib
 
 import pytest
 import yaml
-from vmlib import (MOUNTS, PERSIST, behind_header, checksums, dm_ssd, drop_caches,
-                   hotcache, one_cache_spec, poll, sh, status, write_files)
+from vmlib import (MOUNTS, PERSIST, SSD2, behind_header, checksums, dm_ssd, drop_caches,
+                   hotcache, one_cache_spec, partition_ssd2, poll, sh, status, write_files)
 
-from cases import SSD2_PARTS_MIB
-
-BYSTANDER, SSD2 = "/dev/disk/by-id/virtio-by", "/dev/disk/by-id/virtio-ssd2"
+BYSTANDER = "/dev/disk/by-id/virtio-by"
 # Boot 1 order: ssd, hdd, ssd2, by -> vda, vdb, vdc, vdd. Pairs 1 and 2 of guest/conftest's
 # layout, and ssd2's two partitions. name -> (backend, origin, cache, tunables, origin by-id)
 HOLD = {"migration_threshold": 64}     # below one block: dm-cache keeps its dirty blocks
@@ -57,8 +55,7 @@ def dirty(name: str) -> int:
 
 
 def test_bystander_holds_ext4_data():
-    layout = "label: gpt\n" + "".join(f",{m}M\n" for m in SSD2_PARTS_MIB)
-    sh("sfdisk", "--quiet", SSD2, input=layout)
+    partition_ssd2()
     sh("sfdisk", "--quiet", BYSTANDER, input="label: gpt\n,80M\n,80M\n")
     sh("udevadm", "settle")
     poll("bystander partitions", lambda: os.path.exists(f"{BYSTANDER}-part2"))

@@ -17,7 +17,7 @@ import yaml
 from guest_safety import (BYSTANDER, CACHE_BY_ID, CACHES, device_sum, dirty,
                           fails_over_under_the_mounted_filesystem)
 from vmlib import (MOUNTS, PERSIST, behind_header, checksums, dm_ssd, drop_caches,
-                   hotcache, one_cache_spec, poll, sh, status, write_files)
+                   hotcache, one_cache_spec, partition_ssd2, poll, sh, status, write_files)
 
 
 def bystander_unchanged() -> bool:
@@ -145,93 +145,6 @@ def test_lvmcache_lv_renamed_between_boots_is_refused_and_nothing_is_wiped():
     res = hotcache("teardown", "slvm", "--yes")
     assert res.code == 0, res.out
     assert bystander_unchanged()
-
-
-def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch, tmp_path):
-    """lvmcache in writethrough on ssd2 (free again), its SSD a dm-linear device with a dm
-    UUID, switched to the error target after the data was read through the cache. LVM is
-    shown the wrapper only (a global_filter hides the partition under it, which would
-    show the same PV twice). status names the failure within a bounded time; `teardown
-    --cache-failed` ends with exit 0, the entry, unit and fstab line gone, every file on
-    the LV, now the origin alone; then a new SSD is attached with `hotcache apply`, the
-    filesystem kept, and every file reads back through the new cache. That SSD dies in
-    turn, under the mounted filesystem: the cache fails over to its origin in place, and
-    `teardown --cache-failed` then leaves every file on the LV."""
-    # The case above took slvm down as teardown does: its data LV stays on ssd2's first
-    # partition. Remove it, as an administrator done with that data would.
-    cfg = ["--config", "devices { use_devicesfile=0 }"]
-    if subprocess.run(["vgs", *cfg, "hc_slvm"], capture_output=True).returncode == 0:
-        sh("timeout", "60", "vgchange", *cfg, "--activate", "n", "hc_slvm")
-        sh("timeout", "60", "vgremove", *cfg, "--force", "hc_slvm")
-    sh("wipefs", "--all", "/dev/disk/by-id/virtio-ssd2-part1")
-    part = os.path.realpath("/dev/disk/by-id/virtio-ssd2-part2")
-    conf = tmp_path / "lvm"
-    conf.mkdir()
-    (conf / "lvm.conf").write_text(
-        f'devices {{ global_filter = [ "r|^{part}$|", "r|ssd2-part2$|" ] }}\n')
-    monkeypatch.setenv("LVM_SYSTEM_DIR", str(conf))
-    dm, name = "lvmfail", "lf"
-    sectors = dm_ssd(part, dm)
-    spec = one_cache_spec(name, backend="lvmcache", mode="writethrough",
-                          origin={"path": "/dev/disk/by-id/virtio-ssd2-part1", "wipe": True},
-                          cache=f"/dev/mapper/{dm}")
-    res = hotcache("apply", spec, "--yes")
-    assert res.code == 0, res.out
-    fs_uuid = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name][
-        "filesystem"]["uuid"]
-    folder = MOUNTS / name / "data"
-    sums = write_files(folder, 40, 64 * 1024, "l")
-    for _ in range(3):                  # read through the cache (smq promotes re-reads)
-        drop_caches()
-        assert checksums(folder, "l") == sums
-    sh("dmsetup", "suspend", "--noflush", dm)
-    sh("dmsetup", "load", dm, "--table", f"0 {sectors} error")
-    sh("dmsetup", "resume", dm)
-
-    def failed():
-        row = status(name)
-        return row if "CACHE_FAILED" in [f["code"] for f in row["findings"]] else None
-    row = poll("status to name the failed SSD", failed, timeout=120, interval=5)
-    codes = [f["code"] for f in row["findings"]]
-    assert not {"DEVICE_UNPROVEN", "WRONG_FILESYSTEM"} & set(codes), row["findings"]
-    message = next(f["message"] for f in row["findings"] if f["code"] == "CACHE_FAILED")
-    assert message.startswith("cache failed: ") and "no dirty data at risk" in message
-
-    res = hotcache("teardown", name, "--cache-failed", "--yes")
-    assert res.code == 0, res.out
-    mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())
-    assert name not in mapping["caches"] and name in mapping["detached"]
-    assert not (PERSIST / "units" / f"hotcache-restore-{name}.service").exists()
-    assert fs_uuid not in (PERSIST / "fstab").read_text()
-    sh("udevadm", "settle")
-    sh("mount", "-o", "noatime", f"UUID={fs_uuid}", MOUNTS / name)
-    assert checksums(folder, "l") == sums
-
-    # A new SSD: the same partition, zeroed (the stale PV label goes), a new dm UUID.
-    sh("dmsetup", "remove", dm)
-    new = "lvmnew"
-    sectors = dm_ssd(part, new)
-    spec.write_text(spec.read_text().replace(f"/dev/mapper/{dm}", f"/dev/mapper/{new}"))
-    res = hotcache("apply", spec, "--yes")
-    assert res.code == 0, res.out
-    assert "warm-up starts over" in res.out, res.out
-    mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())
-    assert mapping["caches"][name]["state"] == "ready"
-    assert name not in mapping.get("detached", {})
-    assert mapping["caches"][name]["filesystem"]["uuid"] == fs_uuid
-    assert set(mapping["caches"][name]["backend_state"]["pv_uuids"]) == {"origin", "cache"}
-    drop_caches()
-    assert checksums(folder, "l") == sums
-    row = status(name)
-    assert row["ok"] and row["cache"]["mode"] == "writethrough", row
-    fails_over_under_the_mounted_filesystem(name, new, sectors, folder, sums, "l")
-    res = hotcache("teardown", name, "--cache-failed", "--yes")
-    assert res.code == 0, res.out
-    sh("udevadm", "settle")
-    sh("mount", "-o", "noatime", f"UUID={fs_uuid}", MOUNTS / name)
-    assert checksums(folder, "l") == sums
-    sh("umount", MOUNTS / name)
-    sh("dmsetup", "remove", new)
 
 
 # Two equal-size "slots" whose identity (a dm UUID, as a QEMU SATA or libvirt SCSI serial)
@@ -403,3 +316,85 @@ def test_lvmcache_on_its_origin_is_mounted_from_its_lv_after_the_reboot():
     row = status(name)
     assert any(f["message"].startswith("running on the origin since")
                for f in row["findings"]), row["findings"]
+
+
+def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch, tmp_path):
+    """lvmcache in writethrough on ssd2, its SSD a dm-linear device with a dm
+    UUID, switched to the error target after the data was read through the cache. LVM is
+    shown the wrapper only (a global_filter hides the partition under it, which would
+    show the same PV twice). status names the failure within a bounded time; `teardown
+    --cache-failed` ends with exit 0, the entry, unit and fstab line gone, every file on
+    the LV, now the origin alone; then a new SSD is attached with `hotcache apply`, the
+    filesystem kept, and every file reads back through the new cache. That SSD dies in
+    turn, under the mounted filesystem: the cache fails over to its origin in place, and
+    `teardown --cache-failed` then leaves every file on the LV."""
+    # The fault chain's boots leave ssd2 unused: its partitions are made here.
+    partition_ssd2()
+    part = os.path.realpath("/dev/disk/by-id/virtio-ssd2-part2")
+    conf = tmp_path / "lvm"
+    conf.mkdir()
+    (conf / "lvm.conf").write_text(
+        f'devices {{ global_filter = [ "r|^{part}$|", "r|ssd2-part2$|" ] }}\n')
+    monkeypatch.setenv("LVM_SYSTEM_DIR", str(conf))
+    dm, name = "lvmfail", "lf"
+    sectors = dm_ssd(part, dm)
+    spec = one_cache_spec(name, backend="lvmcache", mode="writethrough",
+                          origin={"path": "/dev/disk/by-id/virtio-ssd2-part1", "wipe": True},
+                          cache=f"/dev/mapper/{dm}")
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    fs_uuid = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name][
+        "filesystem"]["uuid"]
+    folder = MOUNTS / name / "data"
+    sums = write_files(folder, 40, 64 * 1024, "l")
+    for _ in range(3):                  # read through the cache (smq promotes re-reads)
+        drop_caches()
+        assert checksums(folder, "l") == sums
+    sh("dmsetup", "suspend", "--noflush", dm)
+    sh("dmsetup", "load", dm, "--table", f"0 {sectors} error")
+    sh("dmsetup", "resume", dm)
+
+    def failed():
+        row = status(name)
+        return row if "CACHE_FAILED" in [f["code"] for f in row["findings"]] else None
+    row = poll("status to name the failed SSD", failed, timeout=120, interval=5)
+    codes = [f["code"] for f in row["findings"]]
+    assert not {"DEVICE_UNPROVEN", "WRONG_FILESYSTEM"} & set(codes), row["findings"]
+    message = next(f["message"] for f in row["findings"] if f["code"] == "CACHE_FAILED")
+    assert message.startswith("cache failed: ") and "no dirty data at risk" in message
+
+    res = hotcache("teardown", name, "--cache-failed", "--yes")
+    assert res.code == 0, res.out
+    mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())
+    assert name not in mapping["caches"] and name in mapping["detached"]
+    assert not (PERSIST / "units" / f"hotcache-restore-{name}.service").exists()
+    assert fs_uuid not in (PERSIST / "fstab").read_text()
+    sh("udevadm", "settle")
+    sh("mount", "-o", "noatime", f"UUID={fs_uuid}", MOUNTS / name)
+    assert checksums(folder, "l") == sums
+
+    # A new SSD: the same partition, zeroed (the stale PV label goes), a new dm UUID.
+    sh("dmsetup", "remove", dm)
+    new = "lvmnew"
+    sectors = dm_ssd(part, new)
+    spec.write_text(spec.read_text().replace(f"/dev/mapper/{dm}", f"/dev/mapper/{new}"))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    assert "warm-up starts over" in res.out, res.out
+    mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())
+    assert mapping["caches"][name]["state"] == "ready"
+    assert name not in mapping.get("detached", {})
+    assert mapping["caches"][name]["filesystem"]["uuid"] == fs_uuid
+    assert set(mapping["caches"][name]["backend_state"]["pv_uuids"]) == {"origin", "cache"}
+    drop_caches()
+    assert checksums(folder, "l") == sums
+    row = status(name)
+    assert row["ok"] and row["cache"]["mode"] == "writethrough", row
+    fails_over_under_the_mounted_filesystem(name, new, sectors, folder, sums, "l")
+    res = hotcache("teardown", name, "--cache-failed", "--yes")
+    assert res.code == 0, res.out
+    sh("udevadm", "settle")
+    sh("mount", "-o", "noatime", f"UUID={fs_uuid}", MOUNTS / name)
+    assert checksums(folder, "l") == sums
+    sh("umount", MOUNTS / name)
+    sh("dmsetup", "remove", new)

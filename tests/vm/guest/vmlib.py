@@ -16,11 +16,12 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cases import HDD_PARTS_MIB, PARTITION, SSD_PARTS_MIB  # noqa: E402
+from cases import HDD_PARTS_MIB, PARTITION, SSD2_PARTS_MIB, SSD_PARTS_MIB  # noqa: E402
 
 PERSIST = Path(os.environ.get("HOTCACHE_VM_PERSIST", "/tmp/hcvm-persist"))
 MOUNTS = Path("/tmp/hcvm")
 SSD, HDD = "/dev/disk/by-id/virtio-ssd", "/dev/disk/by-id/virtio-hdd"
+SSD2 = "/dev/disk/by-id/virtio-ssd2"     # the storage-safety boots' second SSD
 
 
 def sh(*argv, check=True, input=None) -> subprocess.CompletedProcess:
@@ -111,6 +112,16 @@ def partition_disks() -> None:
     poll("partition links", lambda: all(
         os.path.exists(f"{d}-part{len(p) + 1}")
         for d, p in ((SSD, SSD_PARTS_MIB), (HDD, HDD_PARTS_MIB))))
+
+
+def partition_ssd2() -> None:
+    """ssd2's partitions (cases.py), made on its fresh image by the first case of a
+    chain that uses it; nothing when they are there."""
+    if not os.path.exists(f"{SSD2}-part1"):
+        sh("sfdisk", "--quiet", SSD2,
+           input="label: gpt\n" + "".join(f",{m}M\n" for m in SSD2_PARTS_MIB))
+        sh("udevadm", "settle")
+    poll("ssd2 partitions", lambda: os.path.exists(f"{SSD2}-part{len(SSD2_PARTS_MIB)}"))
 
 
 def poll(what: str, fn, timeout: float = 30.0, interval: float = 1.0):
