@@ -91,7 +91,7 @@ def build(loader: str, root: Path, *, batch_size: int, image_size: int, workers:
 
         return make_loader(root, batch_size=batch_size, image_size=size, num_workers=workers,
                            seed=seed, log_every=0)
-    from .tfdata import make_dataset
+    from .tfdata import make_dataset    # TensorFlow, only where asked for
 
     dataset: Iterable[Any] = make_dataset(root, batch_size=batch_size, image_size=size,
                                           seed=seed)    # a tf.data.Dataset: Any to mypy

@@ -22,7 +22,7 @@ def main() -> None:
         rc = fast(sys.argv[3:])
         if rc is not None:
             sys.exit(rc)
-    from hotcache.provision.cli.app import main as full
+    from hotcache.provision.cli.app import main as full    # typer and every command
 
     full()
 

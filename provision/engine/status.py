@@ -17,6 +17,7 @@ from hotcache.provision.backends.parts import recorded
 from hotcache.provision.backends.parts.stats import CacheStats
 from hotcache.provision.block.host import Host
 from hotcache.provision.engine import onorigin
+from hotcache.provision.engine.workingset import churn, row_advice
 from hotcache.provision.engine.statusrow import (CacheFailure, DeviceSeen, FindingDoc,
                                                  MountFacts, RowFacts, StatusRow, WorkingSet)
 from hotcache.provision.errors import HotcacheError
@@ -279,8 +280,6 @@ def cache_failure(entry: CacheEntry, host: Host,
 def working_set(row: RowFacts, entry: CacheEntry, before: CacheStats | None = None,
                 seconds: float | None = None) -> WorkingSet:
     """The cache against what it is to hold: sizing advice and (block caches) churn."""
-    from hotcache.provision.engine.workingset import churn, row_advice
-
     copies = [copy.dump() for copy in (entry.hot_copies or {}).values()]
     stats: CacheStats | None = row.get("cache") or None
     return {"sizing": row_advice(row, copies),
