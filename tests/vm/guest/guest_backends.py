@@ -458,8 +458,11 @@ def test_flush_timeout_leaves_the_dirty_cache(monkeypatch):
     sh("udevadm", "settle")
     spec = PERSIST / "spec-flush.yaml"
     mp = MOUNTS / "flush"
+    # wipe: true: the existing-LV case's XFS is still on the HDD partition 1 MiB in (the
+    # LV's first extent), where wipefs of the partition does not look and hotcache does
     spec.write_text(yaml.safe_dump({"version": 1, "caches": [{
-        "name": "flush", "backend": "dm-cache", "origin": "/dev/mapper/slowhdd",
+        "name": "flush", "backend": "dm-cache",
+        "origin": {"path": "/dev/mapper/slowhdd", "wipe": True},
         "cache": f"{SSD}-part{n}", "mode": "writeback",
         "filesystem": {"mountpoint": str(mp)}}]}))
     res = hotcache("apply", spec, "--yes")
