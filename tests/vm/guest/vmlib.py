@@ -5,6 +5,7 @@ simulated reboot like /etc would."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -43,14 +44,25 @@ class Result:
         return json.loads(self.stdout)
 
 
-def hotcache(*args: str) -> Result:
-    """The CLI, in this process (a new Python costs ~3 s under emulation)."""
-    from typer.testing import CliRunner
+@functools.cache
+def cli():
+    """The CLI's click command, built from the typer app once: typer builds it again at
+    every CliRunner call (signatures, type hints and parameters of every command), which
+    costs about 0.4 s a call under emulation."""
+    import typer.main
 
     from hotcache.provision.cli.app import app
+
+    return typer.main.get_command(app)
+
+
+def hotcache(*args: str) -> Result:
+    """The CLI, in this process (a new Python costs ~3 s under emulation)."""
+    from click.testing import CliRunner
+
     from hotcache.provision.errors import HotcacheError
 
-    res = CliRunner().invoke(app, [str(a) for a in args])
+    res = CliRunner().invoke(cli(), [str(a) for a in args])
     if isinstance(res.exception, HotcacheError):
         return Result(res.exception.exit_code, res.output + str(res.exception), res.stdout)
     if res.exception is not None and not isinstance(res.exception, SystemExit):
