@@ -168,15 +168,20 @@ def test_a_required_field_deleted_by_hand_is_refused_naming_it(tmp_path, field):
     (("state",), 1, "state: input should be 'building', 'ready' or 'kept'"),
 ])
 def test_a_field_of_the_wrong_type_is_refused_not_converted(tmp_path, path_, value, said):
-    broken = yaml.safe_load(yaml.safe_dump(SHAPES["bcache"]))
+    path = tmp_path / "mappings.yaml"
+    path.write_text(written({"c2": edited(SHAPES["bcache"], path_, value)}))
+    assert f"caches.c2.{said}" in refusal(path)
+
+
+def edited(shape: dict, path_: tuple, value) -> dict:
+    """A copy of entry `shape` with the field at `path_` set to `value`, as by hand."""
+    broken = yaml.safe_load(yaml.safe_dump(shape))
     *parents, last = path_
     holder = broken
     for key in parents:
         holder = holder[key]
     holder[last] = value
-    path = tmp_path / "mappings.yaml"
-    path.write_text(written({"c2": broken}))
-    assert f"caches.c2.{said}" in refusal(path)
+    return broken
 
 
 @pytest.mark.parametrize("shape, path_, value, said", [
@@ -197,14 +202,8 @@ def test_a_count_or_size_below_its_range_is_refused(tmp_path, shape, path_, valu
     """Sizes, sector counts, file counts and inode numbers edited by hand below their
     range are refused with their path: a dm-cache rebuilt from 0 data sectors, or a copy
     matched against inode -1, would be another cache or another copy."""
-    broken = yaml.safe_load(yaml.safe_dump(SHAPES[shape]))
-    *parents, last = path_
-    holder = broken
-    for key in parents:
-        holder = holder[key]
-    holder[last] = value
     path = tmp_path / "mappings.yaml"
-    path.write_text(written({"c2": broken}))
+    path.write_text(written({"c2": edited(SHAPES[shape], path_, value)}))
     before = path.read_bytes()
     assert f"caches.c2.{said}" in refusal(path)
     assert path.read_bytes() == before

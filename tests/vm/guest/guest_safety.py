@@ -13,6 +13,7 @@ import json
 import os
 import re
 import zlib
+from pathlib import Path
 
 import pytest
 import yaml
@@ -304,14 +305,7 @@ def test_failed_ssd_named_and_torn_down(backend, n, hdd):
     else:
         print(f"{backend}: {readable()}/40 files readable during the failure", flush=True)
 
-    def failed():
-        row = status(name)
-        return row if "CACHE_FAILED" in [f["code"] for f in row["findings"]] else None
-    row = poll("status to name the failed SSD", failed, timeout=120, interval=5)
-    codes = [f["code"] for f in row["findings"]]
-    assert not {"DEVICE_UNPROVEN", "WRONG_FILESYSTEM"} & set(codes), row["findings"]
-    message = next(f["message"] for f in row["findings"] if f["code"] == "CACHE_FAILED")
-    assert message.startswith("cache failed: ") and "no dirty data at risk" in message
+    failed_ssd_named(name)
     found = hotcache("doctor", "--json").json["findings"]
     fix = next(f["fix"] for f in found if f["code"] == "CACHE_FAILED" and f["subject"] == name)
     assert f"hotcache teardown {name} --cache-failed" in fix
@@ -338,14 +332,7 @@ def test_failed_ssd_named_and_torn_down(backend, n, hdd):
     new = f"ssdnew{n}"
     sectors = dm_ssd(ssd, new)
     sh("mount", "-o", "noatime", f"UUID={fs_uuid}", MOUNTS / name)
-    spec.write_text(spec.read_text().replace(f"/dev/mapper/{dm}", f"/dev/mapper/{new}"))
-    res = hotcache("apply", spec, "--yes")
-    assert res.code == 0, res.out
-    assert "warm-up starts over" in res.out, res.out
-    mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())
-    assert mapping["caches"][name]["state"] == "ready"
-    assert name not in mapping.get("detached", {})
-    assert mapping["caches"][name]["filesystem"]["uuid"] == fs_uuid     # not formatted
+    new_ssd_attached(name, spec, dm, new, fs_uuid)
     assert f"UUID={fs_uuid}" in (PERSIST / "fstab").read_text()
     assert (PERSIST / "units" / f"hotcache-restore-{name}.service").exists()
     assert checksums(folder, "s") == sums
@@ -668,6 +655,62 @@ def fails_over_under_the_mounted_filesystem(name: str, dm: str, sectors: int, fo
     assert entry["on_origin"]["table"].split()[2] == "linear", entry
 
 
+def new_ssd_attached(name: str, spec: Path, old: str, new: str, fs_uuid: str) -> dict:
+    """`hotcache apply` of `spec` naming the new SSD `new` instead of `old`: a new cache
+    on the filesystem the origin kept (nothing formatted, the warm-up starting over).
+    Returns the cache's mapping entry."""
+    spec.write_text(spec.read_text().replace(f"/dev/mapper/{old}", f"/dev/mapper/{new}"))
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    assert "warm-up starts over" in res.out, res.out
+    mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())
+    assert name not in mapping.get("detached", {})
+    entry = mapping["caches"][name]
+    assert entry["state"] == "ready"
+    assert entry["filesystem"]["uuid"] == fs_uuid       # not formatted
+    return entry
+
+
+def failed_ssd_named(name: str) -> None:
+    """`status` names cache `name`'s failed SSD within two minutes as the kernel reports
+    it (never as an unproven device or another filesystem), with no dirty data at risk."""
+    def failed():
+        row = status(name)
+        return row if "CACHE_FAILED" in [f["code"] for f in row["findings"]] else None
+    row = poll("status to name the failed SSD", failed, timeout=120, interval=5)
+    codes = [f["code"] for f in row["findings"]]
+    assert not {"DEVICE_UNPROVEN", "WRONG_FILESYSTEM"} & set(codes), row["findings"]
+    message = next(f["message"] for f in row["findings"] if f["code"] == "CACHE_FAILED")
+    assert message.startswith("cache failed: ") and "no dirty data at risk" in message
+
+
+def lvmcache_on_a_wrapped_ssd(name: str, dm: str, ssd: str, origin: str, tag: str,
+                              tmp_path, monkeypatch) -> tuple[str, int, Path, Path, dict]:
+    """lvmcache `name` in writethrough on virtio-`origin`, its SSD the dm-linear device
+    `dm` (with a dm UUID) over virtio-`ssd`. LVM is shown the wrapper only: a
+    global_filter hides the partition under it, which would show the same PV twice.
+    Files tagged `tag` are written and read through the cache until smq promotes them.
+    Returns the partition, the SSD's sectors, the spec, the data folder and the sums."""
+    part = os.path.realpath(f"/dev/disk/by-id/virtio-{ssd}")
+    conf = tmp_path / "lvm"
+    conf.mkdir()
+    (conf / "lvm.conf").write_text(
+        f'devices {{ global_filter = [ "r|^{part}$|", "r|{ssd}$|" ] }}\n')
+    monkeypatch.setenv("LVM_SYSTEM_DIR", str(conf))
+    sectors = dm_ssd(part, dm)
+    spec = one_cache_spec(name, backend="lvmcache", mode="writethrough",
+                          origin={"path": f"/dev/disk/by-id/virtio-{origin}", "wipe": True},
+                          cache=f"/dev/mapper/{dm}")
+    res = hotcache("apply", spec, "--yes")
+    assert res.code == 0, res.out
+    folder = MOUNTS / name / "data"
+    sums = write_files(folder, 40, 64 * 1024, tag)
+    for _ in range(3):                  # read through the cache (smq promotes re-reads)
+        drop_caches()
+        assert checksums(folder, tag) == sums
+    return part, sectors, spec, folder, sums
+
+
 def test_lvmcache_switched_to_its_origin_is_left_so_for_the_reboot(monkeypatch, tmp_path):
     """lvmcache in writethrough (origin hdd part 1; its SSD a dm-linear device with a dm
     UUID over ssd part 1, which a global_filter hides from LVM, as the partition would
@@ -675,22 +718,9 @@ def test_lvmcache_switched_to_its_origin_is_left_so_for_the_reboot(monkeypatch, 
     origin sub-LV under the mounted filesystem. Then the SSD is gone for good (its PV
     label erased, as a dead disk shows none at the next boot); guest_safety_reboot.py
     checks what the boot's restore makes of it."""
-    part = os.path.realpath("/dev/disk/by-id/virtio-ssd-part1")
-    (tmp_path / "lvm.conf").write_text(
-        f'devices {{ global_filter = [ "r|^{part}$|", "r|ssd-part1$|" ] }}\n')
-    monkeypatch.setenv("LVM_SYSTEM_DIR", str(tmp_path))
     dm, name = "lvmfo", "lo"
-    sectors = dm_ssd(part, dm)
-    spec = one_cache_spec(name, backend="lvmcache", mode="writethrough",
-                          origin={"path": "/dev/disk/by-id/virtio-hdd-part1", "wipe": True},
-                          cache=f"/dev/mapper/{dm}")
-    res = hotcache("apply", spec, "--yes")
-    assert res.code == 0, res.out
-    folder = MOUNTS / name / "data"
-    sums = write_files(folder, 40, 64 * 1024, "o")
-    for _ in range(3):                  # read through the cache (smq promotes re-reads)
-        drop_caches()
-        assert checksums(folder, "o") == sums
+    part, sectors, _, folder, sums = lvmcache_on_a_wrapped_ssd(
+        name, dm, "ssd-part1", "hdd-part1", "o", tmp_path, monkeypatch)
     (PERSIST / f"sums-{name}.json").write_text(json.dumps(sums))
     fails_over_under_the_mounted_filesystem(name, dm, sectors, folder, sums, "o")
     sh("dd", "if=/dev/zero", f"of={part}", "bs=1M", "count=2", "oflag=direct")

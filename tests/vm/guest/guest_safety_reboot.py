@@ -15,9 +15,10 @@ from pathlib import Path
 
 import yaml
 from guest_safety import (BYSTANDER, CACHE_BY_ID, CACHES, device_sum, dirty,
-                          fails_over_under_the_mounted_filesystem)
+                          failed_ssd_named, fails_over_under_the_mounted_filesystem,
+                          lvmcache_on_a_wrapped_ssd, new_ssd_attached)
 from vmlib import (MOUNTS, PERSIST, behind_header, checksums, dm_ssd, drop_caches,
-                   hotcache, one_cache_spec, partition_ssd2, poll, sh, status, write_files)
+                   hotcache, partition_ssd2, poll, sh, status, write_files)
 
 
 def bystander_unchanged() -> bool:
@@ -330,38 +331,16 @@ def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch,
     `teardown --cache-failed` then leaves every file on the LV."""
     # The fault chain's boots leave ssd2 unused: its partitions are made here.
     partition_ssd2()
-    part = os.path.realpath("/dev/disk/by-id/virtio-ssd2-part2")
-    conf = tmp_path / "lvm"
-    conf.mkdir()
-    (conf / "lvm.conf").write_text(
-        f'devices {{ global_filter = [ "r|^{part}$|", "r|ssd2-part2$|" ] }}\n')
-    monkeypatch.setenv("LVM_SYSTEM_DIR", str(conf))
     dm, name = "lvmfail", "lf"
-    sectors = dm_ssd(part, dm)
-    spec = one_cache_spec(name, backend="lvmcache", mode="writethrough",
-                          origin={"path": "/dev/disk/by-id/virtio-ssd2-part1", "wipe": True},
-                          cache=f"/dev/mapper/{dm}")
-    res = hotcache("apply", spec, "--yes")
-    assert res.code == 0, res.out
+    part, sectors, spec, folder, sums = lvmcache_on_a_wrapped_ssd(
+        name, dm, "ssd2-part2", "ssd2-part1", "l", tmp_path, monkeypatch)
     fs_uuid = yaml.safe_load((PERSIST / "mappings.yaml").read_text())["caches"][name][
         "filesystem"]["uuid"]
-    folder = MOUNTS / name / "data"
-    sums = write_files(folder, 40, 64 * 1024, "l")
-    for _ in range(3):                  # read through the cache (smq promotes re-reads)
-        drop_caches()
-        assert checksums(folder, "l") == sums
     sh("dmsetup", "suspend", "--noflush", dm)
     sh("dmsetup", "load", dm, "--table", f"0 {sectors} error")
     sh("dmsetup", "resume", dm)
 
-    def failed():
-        row = status(name)
-        return row if "CACHE_FAILED" in [f["code"] for f in row["findings"]] else None
-    row = poll("status to name the failed SSD", failed, timeout=120, interval=5)
-    codes = [f["code"] for f in row["findings"]]
-    assert not {"DEVICE_UNPROVEN", "WRONG_FILESYSTEM"} & set(codes), row["findings"]
-    message = next(f["message"] for f in row["findings"] if f["code"] == "CACHE_FAILED")
-    assert message.startswith("cache failed: ") and "no dirty data at risk" in message
+    failed_ssd_named(name)
 
     res = hotcache("teardown", name, "--cache-failed", "--yes")
     assert res.code == 0, res.out
@@ -377,15 +356,8 @@ def test_lvmcache_failed_ssd_named_torn_down_and_a_new_one_attached(monkeypatch,
     sh("dmsetup", "remove", dm)
     new = "lvmnew"
     sectors = dm_ssd(part, new)
-    spec.write_text(spec.read_text().replace(f"/dev/mapper/{dm}", f"/dev/mapper/{new}"))
-    res = hotcache("apply", spec, "--yes")
-    assert res.code == 0, res.out
-    assert "warm-up starts over" in res.out, res.out
-    mapping = yaml.safe_load((PERSIST / "mappings.yaml").read_text())
-    assert mapping["caches"][name]["state"] == "ready"
-    assert name not in mapping.get("detached", {})
-    assert mapping["caches"][name]["filesystem"]["uuid"] == fs_uuid
-    assert set(mapping["caches"][name]["backend_state"]["pv_uuids"]) == {"origin", "cache"}
+    entry = new_ssd_attached(name, spec, dm, new, fs_uuid)
+    assert set(entry["backend_state"]["pv_uuids"]) == {"origin", "cache"}
     drop_caches()
     assert checksums(folder, "l") == sums
     row = status(name)
