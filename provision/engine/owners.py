@@ -193,14 +193,17 @@ def conflicts(spec: HostSpec, state: dict[str, Any]) -> list[str]:
 def dm_name_clashes(spec: HostSpec, state: dict[str, Any]) -> list[str]:
     """A backend that names its device-mapper devices after the cache (raw dm-cache:
     hc-NAME, hc-NAME-cache, -meta, -data) would give cache `x-cache` the name of cache
-    `x`'s cache device. Refused between the spec's caches and those the mapping records."""
+    `x`'s cache device. Refused between the spec's caches and those the mapping records
+    (one of a backend this hotcache does not know names none it could tell)."""
     recorded = _recorded(state)
     backend_of = {**{n: e.backend for n, e in recorded.items()},
                   **{c.name: c.backend for c in spec.caches}}
 
     def names(name: str) -> set[str]:
         entry = recorded.get(name)
-        kind = BACKENDS[backend_of[name]]
+        kind = BACKENDS.get(backend_of[name])
+        if kind is None:
+            return set()
         return kind.device_names(name, entry if entry is not None
                                  and entry.backend == kind.name else None)
 
